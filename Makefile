@@ -1,0 +1,34 @@
+# The two commands of the README: `make demo` and `make test`. Each creates the virtual environment
+# when it is missing and installs what it needs, so both work on a fresh machine.
+
+VENV ?= .venv
+PYTHON ?= python3
+# The CPU build of torch 2.13 lies on this project's machines; a bare `torch` requirement would make pip
+# fetch a multi-GB CUDA build instead. Override on a GPU machine: make TORCH_SPEC='torch' demo
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tuneup-installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tuneup demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

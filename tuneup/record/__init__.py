@@ -1,0 +1,34 @@
+"""The run record: the one contract between what is measured and what is reported.
+
+A run directory holds a manifest written by rank 0 and, per rank, append-only JSON-lines streams that only
+that rank writes. `load_run` reads it back into typed objects. Nothing here imports torch or Lightning.
+"""
+
+from tuneup.record.reader import RunRecordError, load_run
+from tuneup.record.schema import (
+    SCHEMA_VERSION,
+    STEP_METRICS,
+    Manifest,
+    RankInfo,
+    RankRecord,
+    Run,
+    StepRecord,
+    WindowAggregate,
+)
+from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "STEP_METRICS",
+    "Manifest",
+    "RankInfo",
+    "RankRecord",
+    "RankWriter",
+    "RecordingPolicy",
+    "Run",
+    "RunRecordError",
+    "StepRecord",
+    "WindowAggregate",
+    "load_run",
+    "write_manifest",
+]

@@ -1,0 +1,169 @@
+"""Names, layout and typed records of a run directory (schema version 1).
+
+Layout of a run directory::
+
+    manifest.json              written once by rank 0 (atomically): what ran, where, how
+    rank-<r>/info.json         written by rank r at start and rewritten at close (atomically)
+    rank-<r>/steps.jsonl       one line per recorded optimizer step (full detail, then a sample)
+    rank-<r>/windows.jsonl     one line per window of steps: count, mean, p50, p95, max of every metric
+    rank-<r>/telemetry.jsonl   one line per telemetry tick (process, system, GPUs)
+    rank-<r>/events.jsonl      things that happen between steps (validation, checkpoints, warnings)
+
+Every time is either a unix timestamp in seconds (`t_*`, `*_unix`) or a duration whose name ends in
+its unit (`_ms`, `_s`). Byte counts end in `_bytes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+MANIFEST_FILE = "manifest.json"
+RANK_DIR_PREFIX = "rank-"
+INFO_FILE = "info.json"
+STEPS_FILE = "steps.jsonl"
+WINDOWS_FILE = "windows.jsonl"
+TELEMETRY_FILE = "telemetry.jsonl"
+EVENTS_FILE = "events.jsonl"
+
+# Phases of an optimizer step. They tile the step: wall = data + forward + backward + optimizer + other.
+PHASES = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms")
+
+# Every per-step metric that windows aggregate.
+STEP_METRICS = (
+    "wall_ms",
+    *PHASES,
+    "samples",
+    "tokens",
+    "loss",
+    "grad_norm",
+    "peak_mem_bytes",
+)
+
+# Window statistics, in the order they are written.
+WINDOW_STATS = ("n", "mean", "p50", "p95", "max")
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"{RANK_DIR_PREFIX}{rank}"
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One optimizer step on one rank (all micro-batches of a gradient-accumulation cycle together)."""
+
+    step: int  # optimizer steps completed before this one (Lightning's global_step), 0-based
+    epoch: int
+    t_end: float  # unix seconds at the end of the step
+    wall_ms: float
+    data_ms: float
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    other_ms: float
+    micro_batches: int
+    samples: int | None = None
+    tokens: int | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    peak_mem_bytes: int | None = None
+    # Set when a checkpoint was saved in the gap before this step: its data wait holds that save too.
+    checkpoint: bool = False
+
+
+@dataclass(slots=True)
+class WindowAggregate:
+    """Statistics of every step metric over a window of consecutive steps of one rank."""
+
+    first_step: int
+    last_step: int
+    count: int
+    t_start: float
+    t_end: float
+    samples: int | None
+    tokens: int | None
+    micro_batches: int
+    # metric name -> {"n", "mean", "p50", "p95", "max"}; metrics with no values are absent.
+    stats: dict[str, dict[str, float]]
+
+
+@dataclass(slots=True)
+class RankInfo:
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    local_rank: int | None = None
+    node_rank: int | None = None
+    device: str | None = None
+    device_bus_id: str | None = None
+    timing: str | None = None  # "host" (perf_counter) or "cuda_event"
+    start_unix: float | None = None
+    end_unix: float | None = None
+    closed: bool = False
+    last_step: int | None = None
+    steps_seen: int | None = None
+    dropped: dict[str, int] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RankRecord:
+    info: RankInfo
+    steps: list[StepRecord] = field(default_factory=list)
+    windows: list[WindowAggregate] = field(default_factory=list)
+    telemetry: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+
+@dataclass(slots=True)
+class Manifest:
+    schema_version: int
+    run_id: str
+    created_unix: float
+    world_size: int
+    num_nodes: int
+    trainer: dict[str, Any] = field(default_factory=dict)
+    dataloader: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    gpus: dict[str, Any] | None = None
+    recording: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def versions(self) -> dict[str, Any]:
+        return dict(self.environment.get("versions") or {})
+
+
+@dataclass(slots=True)
+class Run:
+    """A loaded run: the manifest and every rank's records, with what was missing or damaged."""
+
+    path: Path
+    manifest: Manifest
+    ranks: dict[int, RankRecord]
+    missing_ranks: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.run_id
+
+    @property
+    def world_size(self) -> int:
+        return self.manifest.world_size
+
+    @property
+    def rank_hosts(self) -> dict[int, str | None]:
+        return {r: rec.info.host for r, rec in sorted(self.ranks.items())}
+
+    def steps(self, rank: int = 0) -> list[StepRecord]:
+        rec = self.ranks.get(rank)
+        return rec.steps if rec is not None else []

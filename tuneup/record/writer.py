@@ -1,0 +1,370 @@
+"""Writing a run directory: the manifest (rank 0) and one rank's append-only streams.
+
+Each rank writes only its own files, so ranks never contend on a shared filesystem. Lines are buffered
+in memory and written in whole lines every `flush_every_steps` steps or `flush_every_s` seconds: a
+process killed with SIGKILL loses at most that last interval, and a kill during a write leaves at most
+one partial last line, which the reader skips.
+
+A write that fails (full disk, unwritable directory) warns once and turns that stream off; the caller
+never sees the exception, because the training being observed must go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from tuneup._log import warn_once
+from tuneup.record.schema import (
+    EVENTS_FILE,
+    INFO_FILE,
+    MANIFEST_FILE,
+    SCHEMA_VERSION,
+    STEP_METRICS,
+    STEPS_FILE,
+    TELEMETRY_FILE,
+    WINDOWS_FILE,
+    rank_dir_name,
+)
+
+
+@dataclass(frozen=True)
+class RecordingPolicy:
+    """How much is written, and how often.
+
+    With the defaults a 1,000,000-step run keeps 1,000 + ~10,000 step lines and 10,000 window lines per
+    rank (about 10 MB), however long the run.
+    """
+
+    flush_every_steps: int = 50
+    flush_every_s: float = 10.0
+    detail_steps: int = 1000  # every step is kept for this many steps of each process...
+    sample_every: int = 100  # ...then one step in this many (by step number, so ranks keep the same ones)
+    window_steps: int = 100  # aggregates over windows of this many steps, aligned on step numbers
+
+    def __post_init__(self) -> None:
+        for name in ("flush_every_steps", "detail_steps", "sample_every", "window_steps"):
+            value = getattr(self, name)
+            minimum = 0 if name == "detail_steps" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ValueError(f"RecordingPolicy.{name} must be a positive integer, got {value!r}")
+        if not (isinstance(self.flush_every_s, (int, float)) and self.flush_every_s > 0):
+            raise ValueError(
+                f"RecordingPolicy.flush_every_s must be a positive number, got {self.flush_every_s!r}"
+            )
+
+    def keeps(self, step: int, steps_seen: int) -> bool:
+        return steps_seen < self.detail_steps or step % self.sample_every == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "flush_every_steps": self.flush_every_steps,
+            "flush_every_s": self.flush_every_s,
+            "detail_steps": self.detail_steps,
+            "sample_every": self.sample_every,
+            "window_steps": self.window_steps,
+        }
+
+
+def _json_default(obj: Any) -> Any:
+    # Values from the trainer may be numpy scalars, paths or enums; the record keeps their plain form.
+    if hasattr(obj, "item"):
+        try:
+            return obj.item()
+        except Exception:
+            pass
+    return str(obj)
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN or inf; a diverged loss is recorded as null rather than as an unreadable line.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps_line(record: Mapping[str, Any]) -> str:
+    return (
+        json.dumps({k: _clean(v) for k, v in record.items()}, default=_json_default, separators=(",", ":"))
+        + "\n"
+    )
+
+
+def write_json_atomic(path: Path, obj: Mapping[str, Any]) -> None:
+    """Write JSON so that readers see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, default=_json_default, allow_nan=False, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_manifest(run_dir: str | os.PathLike[str], manifest: Mapping[str, Any]) -> Path:
+    """Write `manifest.json` (rank 0 only). `schema_version` is set here, not by the caller."""
+    path = Path(run_dir) / MANIFEST_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"schema_version": SCHEMA_VERSION, **manifest})
+    return path
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    # Linear interpolation between closest ranks, as numpy's default; no numpy import on this path.
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    """n, mean, p50, p95 and max of `values` (non-empty)."""
+    ordered = sorted(values)
+    return {
+        "n": len(ordered),
+        "mean": round(sum(ordered) / len(ordered), 6),
+        "p50": round(_quantile(ordered, 0.50), 6),
+        "p95": round(_quantile(ordered, 0.95), 6),
+        "max": ordered[-1],
+    }
+
+
+class _Window:
+    """Accumulates the steps of one window until it is complete."""
+
+    __slots__ = (
+        "first_step",
+        "last_step",
+        "micro_batches",
+        "samples",
+        "t_end",
+        "t_start",
+        "tokens",
+        "values",
+    )
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {m: [] for m in STEP_METRICS}
+        self.first_step = -1
+        self.last_step = -1
+        self.t_start = 0.0
+        self.t_end = 0.0
+        self.samples: int | None = None
+        self.tokens: int | None = None
+        self.micro_batches = 0
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        if self.first_step < 0:
+            self.first_step = rec["step"]
+            self.t_start = rec["t_end"] - rec["wall_ms"] / 1000.0
+        self.last_step = rec["step"]
+        self.t_end = rec["t_end"]
+        self.micro_batches += rec.get("micro_batches", 0)
+        for metric in STEP_METRICS:
+            value = rec.get(metric)
+            if value is not None and not (isinstance(value, float) and not math.isfinite(value)):
+                self.values[metric].append(value)
+        if rec.get("samples") is not None:
+            self.samples = (self.samples or 0) + rec["samples"]
+        if rec.get("tokens") is not None:
+            self.tokens = (self.tokens or 0) + rec["tokens"]
+
+    @property
+    def count(self) -> int:
+        return len(self.values["wall_ms"])
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "count": self.count,
+            "t_start": round(self.t_start, 3),
+            "t_end": round(self.t_end, 3),
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "micro_batches": self.micro_batches,
+            "stats": {m: summarize(v) for m, v in self.values.items() if v},
+        }
+
+
+class _Stream:
+    """One append-only JSON-lines file with an in-memory buffer of whole lines."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path = path
+        self.what = what
+        self.buffer: list[str] = []
+        self.file: IO[str] | None = None
+        self.failed = False
+        self.lines_lost = 0
+
+    def append(self, line: str) -> None:
+        if self.failed:
+            self.lines_lost += 1
+            return
+        self.buffer.append(line)
+
+    def flush(self) -> None:
+        if self.failed or not self.buffer:
+            return
+        lines, self.buffer = self.buffer, []
+        try:
+            if self.file is None:
+                # Kept open for the run: reopening per flush would cost a syscall pair every flush.
+                self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            self.file.write("".join(lines))
+            self.file.flush()
+        except OSError as exc:
+            self.failed = True
+            self.lines_lost += len(lines)
+            warn_once(
+                f"write:{self.path}",
+                f"cannot write {self.path} ({exc.strerror or exc}); recording of {self.what} stops here, "
+                "training goes on",
+            )
+
+    def close(self) -> None:
+        self.flush()
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.file = None
+
+
+class RankWriter:
+    """The streams of one rank of one run.
+
+    Thread-safety: `add_step` and `add_event` are called from the training thread, `add_telemetry`
+    from the sampler thread; telemetry has its own lock and buffer so neither waits on the other's I/O.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        rank: int,
+        policy: RecordingPolicy | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.policy = policy or RecordingPolicy()
+        self.dir = self.run_dir / rank_dir_name(rank)
+        self._steps = _Stream(self.dir / STEPS_FILE, "steps")
+        self._windows = _Stream(self.dir / WINDOWS_FILE, "step windows")
+        self._events = _Stream(self.dir / EVENTS_FILE, "events")
+        self._telemetry = _Stream(self.dir / TELEMETRY_FILE, "telemetry")
+        self._telemetry_lock = threading.Lock()
+        self._last_flush = time.monotonic()
+        self._last_telemetry_flush = time.monotonic()
+        self._steps_since_flush = 0
+        self._window = _Window()
+        self._window_id: int | None = None
+        self.steps_seen = 0
+        self.steps_kept = 0
+        self.last_step: int | None = None
+        self._info: dict[str, Any] = {}
+        self.usable = True
+        self.closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def open(self, info: Mapping[str, Any]) -> bool:
+        """Create the rank directory and write `info.json`; False (and one warning) if that fails."""
+        self._info = {"rank": self.rank, **info, "closed": False}
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.dir / INFO_FILE, self._info)
+        except OSError as exc:
+            self.usable = False
+            for stream in (self._steps, self._windows, self._events, self._telemetry):
+                stream.failed = True
+            warn_once(
+                f"open:{self.dir}",
+                f"cannot write the run record under {self.dir} ({exc.strerror or exc}); "
+                "tuneup goes on without recording. Pass TuneupCallback(dirpath=...) a writable directory.",
+            )
+            return False
+        return True
+
+    def close(self, **extra_info: Any) -> None:
+        """Write the last partial window, flush everything and mark the rank closed."""
+        if self.closed:
+            return
+        self.closed = True
+        self._emit_window()
+        self.flush()
+        with self._telemetry_lock:
+            self._telemetry.close()
+        for stream in (self._steps, self._windows, self._events):
+            stream.close()
+        if not self.usable:
+            return
+        dropped = {
+            s.what: s.lines_lost
+            for s in (self._steps, self._windows, self._events, self._telemetry)
+            if s.lines_lost
+        }
+        self._info.update(
+            extra_info,
+            closed=True,
+            end_unix=round(time.time(), 3),
+            last_step=self.last_step,
+            steps_seen=self.steps_seen,
+            steps_kept=self.steps_kept,
+            dropped=dropped,
+        )
+        try:
+            write_json_atomic(self.dir / INFO_FILE, self._info)
+        except OSError as exc:
+            warn_once(f"close:{self.dir}", f"cannot mark {self.dir} closed ({exc.strerror or exc})")
+
+    # -- records -----------------------------------------------------------------------------------
+
+    def add_step(self, record: Mapping[str, Any]) -> None:
+        """Record one optimizer step. `record` holds the StepRecord fields (step, epoch, t_end, ...)."""
+        step = record["step"]
+        window_id = step // self.policy.window_steps
+        if self._window_id is not None and window_id != self._window_id:
+            self._emit_window()
+        self._window_id = window_id
+        self._window.add(record)
+        if self.policy.keeps(step, self.steps_seen):
+            self._steps.append(dumps_line(record))
+            self.steps_kept += 1
+        self.steps_seen += 1
+        self.last_step = step
+        self._steps_since_flush += 1
+        if (
+            self._steps_since_flush >= self.policy.flush_every_steps
+            or time.monotonic() - self._last_flush >= self.policy.flush_every_s
+        ):
+            self.flush()
+
+    def add_event(self, kind: str, **fields: Any) -> None:
+        self._events.append(dumps_line({"t": round(time.time(), 3), "kind": kind, **fields}))
+
+    def add_telemetry(self, sample: Mapping[str, Any]) -> None:
+        with self._telemetry_lock:
+            self._telemetry.append(dumps_line(sample))
+            if time.monotonic() - self._last_telemetry_flush >= self.policy.flush_every_s:
+                self._last_telemetry_flush = time.monotonic()
+                self._telemetry.flush()
+
+    def flush(self) -> None:
+        self._steps.flush()
+        self._windows.flush()
+        self._events.flush()
+        self._steps_since_flush = 0
+        self._last_flush = time.monotonic()
+
+    def _emit_window(self) -> None:
+        if self._window.count:
+            self._windows.append(dumps_line(self._window.as_record()))
+        self._window = _Window()
