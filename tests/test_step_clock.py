@@ -1,0 +1,168 @@
+"""The step clock on a scripted clock: phase arithmetic, accumulation, and deferred (CUDA-like) reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tuneup.collect.batch import BatchCounter, infer_batch_size, infer_tokens
+from tuneup.collect.step_clock import StepClock
+
+
+class ScriptedTimer:
+    """Host-like timer whose time the test sets; optionally marks complete only when the test says so."""
+
+    kind = "scripted"
+
+    def __init__(self, deferred: bool = False) -> None:
+        self.now_ms = 0.0
+        self.deferred = deferred
+        self.completed_up_to = -1.0
+        self.waited: list[float] = []
+        self.released: list[Any] = []
+
+    def mark(self) -> Any:
+        return [self.now_ms]  # a list, so identical times are still distinct marks (as events are)
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return end[0] - start[0]
+
+    def ready(self, mark: Any) -> bool:
+        return not self.deferred or mark[0] <= self.completed_up_to
+
+    def wait(self, mark: Any) -> None:
+        self.waited.append(mark[0])
+        self.completed_up_to = max(self.completed_up_to, mark[0])
+
+    def release(self, mark: Any) -> None:
+        self.released.append(mark)
+
+
+def micro_batch(
+    clock: StepClock,
+    timer: ScriptedTimer,
+    data: float,
+    fwd: float,
+    bwd: float,
+    opt: float | None,
+    between: float = 0.0,
+    samples: int = 4,
+) -> None:
+    timer.now_ms += data
+    clock.batch_start(samples, None)
+    timer.now_ms += fwd
+    clock.before_backward()
+    timer.now_ms += bwd
+    clock.after_backward()
+    timer.now_ms += between
+    if opt is not None:
+        clock.before_optimizer()
+        timer.now_ms += opt
+    clock.batch_end()
+
+
+def test_single_micro_batch_phases_tile_the_step() -> None:
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    micro_batch(clock, timer, data=5, fwd=10, bwd=20, opt=3, between=2)
+    clock.close_step(0, 0)
+    (rec,) = out
+    assert (rec["data_ms"], rec["forward_ms"], rec["backward_ms"], rec["optimizer_ms"]) == (5, 10, 20, 3)
+    assert rec["other_ms"] == 2 and rec["wall_ms"] == 40 and rec["micro_batches"] == 1 and rec["samples"] == 4
+
+
+def test_accumulation_sums_micro_batches_into_one_step() -> None:
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    for i in range(4):
+        micro_batch(clock, timer, data=1, fwd=2, bwd=3, opt=4 if i == 3 else None, between=0.5)
+    clock.close_step(0, 0)
+    (rec,) = out
+    assert rec["micro_batches"] == 4 and rec["samples"] == 16
+    assert (rec["data_ms"], rec["forward_ms"], rec["backward_ms"], rec["optimizer_ms"]) == (4, 8, 12, 4)
+    assert rec["other_ms"] == pytest.approx(2.0) and rec["wall_ms"] == pytest.approx(30.0)
+
+
+def test_restart_excludes_time_outside_training() -> None:
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    micro_batch(clock, timer, data=1, fwd=1, bwd=1, opt=1)
+    clock.close_step(0, 0)
+    timer.now_ms += 500  # validation
+    clock.restart()
+    micro_batch(clock, timer, data=2, fwd=1, bwd=1, opt=1)
+    clock.close_step(1, 0)
+    assert out[1]["data_ms"] == 2 and out[1]["wall_ms"] == 5
+
+
+def test_loss_of_micro_batches_is_summed() -> None:
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    for _ in range(2):
+        micro_batch(clock, timer, 1, 1, 1, None)
+        clock.add_loss(0.25)
+    clock.close_step(0, 0)
+    assert out[0]["loss"] == 0.5
+
+
+def test_deferred_marks_are_read_late_and_waited_for_only_past_the_lag() -> None:
+    timer, out = ScriptedTimer(deferred=True), []
+    clock = StepClock(timer, out.append, max_lag_steps=3)
+    clock.restart()
+    for step in range(3):
+        micro_batch(clock, timer, 1, 1, 1, 1)
+        clock.close_step(step, 0)
+    assert out == [] and timer.waited == []  # nothing read, nothing waited for: no sync per step
+    timer.completed_up_to = timer.now_ms  # the device has caught up with the three steps queued so far
+    micro_batch(clock, timer, 1, 1, 1, 1)
+    clock.close_step(3, 0)
+    assert [r["step"] for r in out] == [0, 1, 2] and timer.waited == []
+    for step in range(4, 8):
+        micro_batch(clock, timer, 1, 1, 1, 1)
+        clock.close_step(step, 0)
+    # Past the lag the oldest step is waited for (it is long done on a real device), one at a time.
+    assert [r["step"] for r in out] == list(range(5)) and timer.waited == [16.0, 20.0]
+    clock.drain(force=True)
+    assert [r["step"] for r in out] == list(range(8)) and all(r["wall_ms"] == 4 for r in out)
+
+
+def test_marks_are_recycled_but_never_while_still_in_use() -> None:
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    for step in range(3):
+        micro_batch(clock, timer, 1, 1, 1, 1)
+        clock.close_step(step, 0)
+    ids = [id(m) for m in timer.released]
+    assert len(ids) == len(set(ids))  # each mark released once
+    assert id(clock._last_end) not in ids  # the end of the last step is the next step's start
+
+
+def test_batch_size_and_tokens_inference() -> None:
+    torch = pytest.importorskip("torch")
+    assert infer_batch_size(torch.zeros(5, 3)) == 5
+    assert infer_batch_size((torch.zeros(7, 2), torch.zeros(7))) == 7
+    assert infer_batch_size({"pixels": torch.zeros(3, 3, 8, 8), "label": torch.zeros(3)}) == 3
+    assert infer_batch_size([[torch.zeros(2, 1)]]) == 2
+    assert infer_batch_size("text") is None
+    ids = torch.zeros(4, 128, dtype=torch.long)
+    assert infer_tokens({"attention_mask": torch.zeros(4, 9, dtype=torch.long), "input_ids": ids}) == 512
+    assert infer_tokens((ids, ids)) == 512
+    assert infer_tokens(torch.zeros(4, 128)) is None  # float features are not tokens
+    assert infer_tokens(torch.zeros(4, 8, 8, dtype=torch.uint8)) is None  # images are not tokens
+
+
+def test_batch_counter_uses_user_functions_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    counter = BatchCounter(batch_size_fn=lambda b: b["n"], tokens_fn=lambda b: b["n"] * 10)
+    assert counter.samples({"n": 3}) == 3 and counter.tokens({"n": 3}) == 30
+    unknown = BatchCounter()
+    assert unknown.samples(object()) is None and unknown.samples(object()) is None
+    assert sum("cannot tell the batch size" in r.getMessage() for r in caplog.records) == 1
+    broken = BatchCounter(batch_size_fn=lambda b: 1 / 0)
+    assert broken.samples(1) is None
+    assert any("batch_size_fn raised ZeroDivisionError" in r.getMessage() for r in caplog.records)
