@@ -21,7 +21,9 @@ def _fresh_warnings(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="tuneup")
 
 
-def run_workload(out: Path, *args: str, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+def run_workload(
+    out: Path, *args: str, timeout: float = 240, check: bool = True
+) -> subprocess.CompletedProcess:
     """Run tests/workloads/tiny.py in its own process (DDP relaunches it for the other ranks)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
@@ -33,5 +35,7 @@ def run_workload(out: Path, *args: str, timeout: float = 240, check: bool = True
         cwd=str(out.parent),
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"workload failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise AssertionError(
+            f"workload failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
     return proc

@@ -178,7 +178,9 @@ def test_directory_of_runs_names_them(tmp_path: Path) -> None:
         load_run(tmp_path / "runs")
 
 
-def test_unwritable_directory_warns_once_and_degrades(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_unwritable_directory_warns_once_and_degrades(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     if os.geteuid() == 0:
         # root ignores directory permissions; a path under a regular file cannot be created by anyone.
         blocked = tmp_path / "file"

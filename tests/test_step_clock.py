@@ -99,6 +99,20 @@ def test_restart_excludes_time_outside_training() -> None:
     assert out[1]["data_ms"] == 2 and out[1]["wall_ms"] == 5
 
 
+def test_reported_fetches_are_data_and_the_rest_of_the_gap_is_other() -> None:
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    timer.now_ms += 3  # another callback's hook
+    clock.fetch_start()
+    timer.now_ms += 5  # the fetch
+    clock.fetch_end()
+    timer.now_ms += 7  # a collective the trainer runs between batches
+    micro_batch(clock, timer, data=0, fwd=1, bwd=1, opt=1)
+    clock.close_step(0, 0)
+    assert out[0]["data_ms"] == 5 and out[0]["other_ms"] == 10 and out[0]["wall_ms"] == 18
+
+
 def test_loss_of_micro_batches_is_summed() -> None:
     timer, out = ScriptedTimer(), []
     clock = StepClock(timer, out.append)

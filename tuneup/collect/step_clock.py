@@ -4,11 +4,14 @@ A step is one optimizer step, made of one or more micro-batches. Per micro-batch
 order: batch start, before backward, after backward, (last micro-batch only) before optimizer step,
 batch end. The intervals between those marks tile the timeline:
 
-    data      previous batch end (or a reset) -> batch start   loading, host-to-device copy, callbacks
+    data      time spent fetching batches (and copying them to the device) between the previous batch
+              end (or a reset) and this batch start, when the trainer reports its fetches; the whole
+              gap when it does not
     forward   batch start -> before backward                   training_step (and zero_grad)
     backward  before backward -> after backward               backward, with DDP's exposed all-reduce
     optimizer before optimizer step -> batch end               clipping, optimizer.step
-    other     whatever is left (after backward -> batch end on accumulating micro-batches, ...)
+    other     whatever is left: the rest of the gap between batches (other callbacks, the trainer's own
+              per-batch work and collectives), after backward -> batch end on accumulating micro-batches
 
 On the host a mark is a `perf_counter` reading, resolved at once. On CUDA a mark also records an event on
 the current stream; elapsed times between events are GPU time (so "data" becomes the time the GPU sat
@@ -122,6 +125,9 @@ class StepClock:
         self.max_lag_steps = max_lag_steps
         self._pending: deque[PendingStep] = deque()
         self._last_end: Any = None
+        self._gap_fetches: list[tuple[Any, Any]] = []
+        self._fetch_start: Any = None
+        self.fetch_marks_seen = False
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -146,6 +152,18 @@ class StepClock:
     def restart(self) -> None:
         """The next data interval starts now (epoch start, end of validation): time before is not a step's."""
         self._last_end = self.timer.mark()
+        self._gap_fetches = []
+        self._fetch_start = None
+
+    def fetch_start(self) -> None:
+        """The trainer starts fetching a batch (or copying one to the device)."""
+        self._fetch_start = self.timer.mark()
+
+    def fetch_end(self) -> None:
+        if self._fetch_start is not None:
+            self._gap_fetches.append((self._fetch_start, self.timer.mark()))
+            self._fetch_start = None
+            self.fetch_marks_seen = True
 
     def batch_start(self, samples: int | None = None, tokens: int | None = None) -> None:
         now = self.timer.mark()
@@ -153,7 +171,11 @@ class StepClock:
             self._last_end = now
         if self._step_start is None:
             self._step_start = self._last_end
-        self._intervals["data"].append((self._last_end, now))
+        if self.fetch_marks_seen:
+            self._intervals["data"].extend(self._gap_fetches)
+        else:
+            self._intervals["data"].append((self._last_end, now))
+        self._gap_fetches = []
         self._micro_start = now
         self.micro_batches += 1
         if samples is not None:

@@ -1,0 +1,499 @@
+"""Overhead of `TuneupCallback` on a CPU Lightning workload, A against B in one process.
+
+    python benchmarks/overhead.py [--repeats 7] [--quick] [--json PATH] [--skip-reference]
+
+Arms, interleaved (the order rotates every repeat, so drift and position effects hit every arm alike):
+
+    lightning   the bare Trainer (baseline)
+    tuneup      + TuneupCallback() with default options, writing to a temporary directory
+    monitors    + Lightning's ThroughputMonitor and DeviceStatsMonitor, for reference
+
+at two step sizes, about 2 ms and about 10 ms per optimizer step on this machine (an MLP whose width is
+calibrated at start). Every arm also carries the same small timing callback, so its cost cancels out.
+
+Per fit, steady state only (the first 20% of steps are warm-up and dropped):
+    wall ms/step   median over blocks of 100 steps of the block's mean step time
+    cpu ms/step    process CPU time (all threads, tuneup's sampler thread included) per step
+    fixed ms       fit() time outside the steps: setup, first step, teardown
+
+Reported per step size: medians over repeats, overhead = median_arm / median_baseline - 1, and a 95%
+bootstrap interval that resamples whole repeats (pairs, since the arms of one repeat ran side by side).
+Goals: tuneup <= 3% at ~2 ms and <= 1% at ~10 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning
+import lightning.pytorch as L
+import torch
+from lightning.pytorch.callbacks import DeviceStatsMonitor, ThroughputMonitor
+from lightning.pytorch.loggers.logger import DummyLogger
+from torch.utils.data import DataLoader, Dataset
+
+from tuneup import TuneupCallback
+
+BATCH = 64
+IN_DIM = 64
+WARMUP_FRACTION = 0.2
+# A multiple of both the writer's flush period (50 steps) and its window (100 steps): every block holds
+# the same share of tuneup's periodic work, so a block median does not hide it.
+BLOCK_STEPS = 100
+GOALS_PERCENT = {2.0: 3.0, 10.0: 1.0}
+BASELINE = "lightning"
+TUNEUP = "tuneup"
+MONITORS = "monitors"
+
+
+# -- workload ----------------------------------------------------------------------------------------
+
+
+def make_net(width: int) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN_DIM, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, 1),
+    )
+
+
+class MLP(L.LightningModule):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.net = make_net(width)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+class PrebuiltBatches(Dataset):
+    """Whole batches made up front: data loading costs an index, so it cannot blur the comparison."""
+
+    def __init__(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
+        self.batches = batches
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batches[i % len(self.batches)]
+
+
+def make_batches(n: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(BATCH, IN_DIM, generator=g), torch.randn(BATCH, 1, generator=g)) for _ in range(n)]
+
+
+class StepTimer(L.Callback):
+    """Clock readings at every batch end; present in every arm, so its own cost cancels out."""
+
+    def __init__(self) -> None:
+        self.wall_s: list[float] = []
+        self.cpu_s: list[float] = []
+
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        self.wall_s.append(time.perf_counter())
+        self.cpu_s.append(time.process_time())
+
+
+# -- one fit -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class FitResult:
+    wall_ms_per_step: float
+    cpu_ms_per_step: float
+    median_step_ms: float
+    fixed_ms: float
+    block_means_ms: list[float] = field(default_factory=list)
+
+
+def arm_callbacks(arm: str, run_dir: Path) -> tuple[list[Any], Any]:
+    """Callbacks and logger of an arm (the timer is added by the caller)."""
+    if arm == BASELINE:
+        return [], False
+    if arm == TUNEUP:
+        return [TuneupCallback(dirpath=run_dir)], False
+    if arm == MONITORS:
+        # DeviceStatsMonitor refuses a Trainer without a logger; a logger that drops everything keeps the
+        # arm about the monitors themselves, not about a logger's I/O.
+        return [
+            ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0]),
+            DeviceStatsMonitor(),
+        ], DummyLogger()
+    raise ValueError(f"unknown arm {arm!r}")
+
+
+def fit_once(
+    arm: str, width: int, steps: int, batches: Sequence[Any], run_dir: Path, warmup_steps: int
+) -> FitResult:
+    timer = StepTimer()
+    callbacks, logger = arm_callbacks(arm, run_dir)
+    torch.manual_seed(0)
+    model = MLP(width)
+    loader = DataLoader(PrebuiltBatches(batches, steps), batch_size=None, num_workers=0)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=1,
+        callbacks=[timer, *callbacks],
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(run_dir.parent),
+    )
+    # Garbage left by the previous fit (another arm's) would otherwise be collected inside this one.
+    gc.collect()
+    start = time.perf_counter()
+    trainer.fit(model, loader)
+    end = time.perf_counter()
+
+    wall, cpu = timer.wall_s, timer.cpu_s
+    if len(wall) != steps:
+        raise RuntimeError(f"{arm}: expected {steps} batch ends, timed {len(wall)}")
+    k = warmup_steps
+    deltas_ms = [(b - a) * 1000.0 for a, b in zip(wall[k:], wall[k + 1 :], strict=False)]
+    # Why a median of block means: the mean over all steps keeps tuneup's periodic work (a flush every 50
+    # steps, a window every 100) but also every pause the shared machine inflicts; a per-step median drops
+    # the pauses but hides the periodic work too. Blocks of BLOCK_STEPS keep the periodic work inside each
+    # block, and the median across blocks drops the few blocks a pause landed in.
+    blocks = [deltas_ms[i : i + BLOCK_STEPS] for i in range(0, len(deltas_ms) - BLOCK_STEPS + 1, BLOCK_STEPS)]
+    block_means = [sum(b) / len(b) for b in blocks] or [sum(deltas_ms) / len(deltas_ms)]
+    return FitResult(
+        wall_ms_per_step=statistics.median(block_means),
+        cpu_ms_per_step=(cpu[-1] - cpu[k]) * 1000.0 / (len(cpu) - 1 - k),
+        median_step_ms=statistics.median(deltas_ms),
+        fixed_ms=((wall[0] - start) + (end - wall[-1])) * 1000.0,
+        block_means_ms=block_means,
+    )
+
+
+# -- calibration -------------------------------------------------------------------------------------
+
+
+def plain_step_ms(width: int, steps: int = 30) -> float:
+    """Time of one optimizer step of the bare model, without Lightning (20th percentile of `steps`)."""
+    torch.manual_seed(0)
+    net = make_net(width)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    x, y = make_batches(1)[0]
+    times: list[float] = []
+    for i in range(steps + 5):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+        if i >= 5:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    # A low percentile, not the median: on a shared machine the calibration must not read other
+    # people's load as the model's cost and choose too small a model.
+    return times[len(times) // 5] * 1000.0
+
+
+def width_for(target_ms: float) -> tuple[int, float]:
+    """The width (a multiple of 16) whose bare step is closest to `target_ms`, by bisection."""
+    lo, hi = 1, 256  # in units of 16
+    found: dict[int, float] = {}
+    while lo < hi:
+        mid = (lo + hi) // 2
+        found[mid] = plain_step_ms(16 * mid)
+        if found[mid] < target_ms:
+            lo = mid + 1
+        else:
+            hi = mid
+    for unit in (lo - 1, lo):
+        if unit >= 1 and unit not in found:
+            found[unit] = plain_step_ms(16 * unit)
+    best = min(found, key=lambda u: abs(found[u] - target_ms))
+    return 16 * best, found[best]
+
+
+def lightning_cost_ms(batches: Sequence[Any], tmp: Path) -> float:
+    """What the bare Trainer adds per step to the bare model, measured on a tiny model."""
+    result = fit_once(BASELINE, 16, 150, batches, tmp / "calibrate", warmup_steps=50)
+    return max(0.0, result.median_step_ms - plain_step_ms(16, steps=100))
+
+
+# -- statistics --------------------------------------------------------------------------------------
+
+
+def bootstrap_ratio_ci(
+    base: Sequence[float], arm: Sequence[float], n: int = 4000, seed: int = 0
+) -> tuple[float, float]:
+    """95% interval of median(arm)/median(base) - 1, resampling repeat indices (each a pair)."""
+    rng = random.Random(seed)
+    idx = range(len(base))
+    ratios = []
+    for _ in range(n):
+        pick = [rng.choice(idx) for _ in idx]
+        ratios.append(
+            statistics.median(arm[i] for i in pick) / statistics.median(base[i] for i in pick) - 1.0
+        )
+    ratios.sort()
+    return ratios[int(0.025 * n)], ratios[int(0.975 * n) - 1]
+
+
+@dataclass
+class ArmSummary:
+    runs: list[FitResult] = field(default_factory=list)
+
+    def values(self, name: str) -> list[float]:
+        return [getattr(r, name) for r in self.runs]
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.values(name))
+
+
+def compare(base: ArmSummary, arm: ArmSummary) -> dict[str, float]:
+    b_wall, a_wall = base.values("wall_ms_per_step"), arm.values("wall_ms_per_step")
+    lo, hi = bootstrap_ratio_ci(b_wall, a_wall)
+    return {
+        "overhead_percent": 100.0 * (statistics.median(a_wall) / statistics.median(b_wall) - 1.0),
+        "ci95_low_percent": 100.0 * lo,
+        "ci95_high_percent": 100.0 * hi,
+        "added_us_per_step": 1000.0 * (statistics.median(a_wall) - statistics.median(b_wall)),
+        "cpu_overhead_percent": 100.0
+        * (arm.median("cpu_ms_per_step") / base.median("cpu_ms_per_step") - 1.0),
+        "added_cpu_us_per_step": 1000.0 * (arm.median("cpu_ms_per_step") - base.median("cpu_ms_per_step")),
+        "added_fixed_ms": arm.median("fixed_ms") - base.median("fixed_ms"),
+    }
+
+
+# -- the benchmark -----------------------------------------------------------------------------------
+
+
+@dataclass
+class StepSize:
+    target_ms: float
+    steps: int
+    width: int = 0
+    plain_ms: float = 0.0
+
+
+def quiet_lightning() -> None:
+    # Every fit would print the same banners and PossibleUserWarnings; tuneup's own warnings stay visible.
+    # pytorch_lightning too: TuneupCallback imports it, and its import redirects Lightning's rank-zero
+    # messages to its own logger.
+    for name in (
+        "lightning.pytorch",
+        "lightning.fabric",
+        "lightning",
+        "pytorch_lightning",
+        "lightning_fabric",
+    ):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module=r"lightning\..*")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+
+
+def run_size(
+    size: StepSize,
+    arms: list[str],
+    repeats: int,
+    batches: Sequence[Any],
+    tmp: Path,
+    log: Callable[[str], None],
+) -> dict[str, ArmSummary]:
+    warmup_steps = int(size.steps * WARMUP_FRACTION)
+    # One short untimed fit per arm first: imports, first-call caches and allocator growth land there.
+    for arm in arms:
+        fit_once(arm, size.width, 100, batches, tmp / f"warm-{size.target_ms:g}-{arm}", warmup_steps=20)
+    summaries = {arm: ArmSummary() for arm in arms}
+    for r in range(repeats):
+        order = arms[r % len(arms) :] + arms[: r % len(arms)]
+        line = []
+        for arm in order:
+            result = fit_once(
+                arm, size.width, size.steps, batches, tmp / f"run-{size.target_ms:g}-{arm}-{r}", warmup_steps
+            )
+            summaries[arm].runs.append(result)
+            line.append(f"{arm} {result.wall_ms_per_step:.3f}")
+        log(f"  ~{size.target_ms:g} ms repeat {r + 1}/{repeats}: " + ", ".join(line) + " ms/step")
+    return summaries
+
+
+def monitors_run_on_cpu(batches: Sequence[Any], tmp: Path) -> str | None:
+    """None if the reference monitors run on this CPU machine, else why not."""
+    try:
+        fit_once(MONITORS, 16, 20, batches, tmp / "monitors-probe", warmup_steps=2)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def format_table(target_ms: float, size: StepSize, summaries: dict[str, ArmSummary]) -> list[str]:
+    base = summaries[BASELINE]
+    rows = [
+        f"~{target_ms:g} ms/step (MLP width {size.width}, {size.steps} steps/fit, "
+        f"{len(base.runs)} repeats, first {int(size.steps * WARMUP_FRACTION)} steps dropped)",
+        f"  {'arm':<10} {'wall ms/step':>12} {'[min, max]':>17} {'overhead':>9} {'95% CI':>17}"
+        f" {'+us/step':>9} {'cpu ms/step':>12} {'cpu ovh':>8} {'+fixed ms':>10}",
+    ]
+    for arm, summary in summaries.items():
+        wall = summary.values("wall_ms_per_step")
+        spread = f"[{min(wall):.3f}, {max(wall):.3f}]"
+        head = f"  {arm:<10} {summary.median('wall_ms_per_step'):>12.3f} {spread:>17}"
+        cpu = f"{summary.median('cpu_ms_per_step'):>12.3f}"
+        if arm == BASELINE:
+            rows.append(f"{head} {'-':>9} {'-':>17} {'-':>9} {cpu} {'-':>8} {'-':>10}")
+            continue
+        c = compare(base, summary)
+        ci = f"[{c['ci95_low_percent']:+.1f}, {c['ci95_high_percent']:+.1f}]%"
+        rows.append(
+            f"{head} {c['overhead_percent']:>+8.2f}% {ci:>17} {c['added_us_per_step']:>+9.0f} {cpu}"
+            f" {c['cpu_overhead_percent']:>+7.2f}% {c['added_fixed_ms']:>+10.0f}"
+        )
+    return rows
+
+
+def verdict(target_ms: float, c: dict[str, float]) -> str:
+    goal = GOALS_PERCENT[target_ms]
+    if c["ci95_high_percent"] <= goal:
+        word = "met"
+    elif c["ci95_low_percent"] > goal:
+        word = "NOT met"
+    else:
+        word = "met" if c["overhead_percent"] <= goal else "NOT met"
+        word += " (inconclusive: the 95% interval straddles the goal)"
+    return f"tuneup at ~{target_ms:g} ms: {c['overhead_percent']:+.2f}% (goal <= {goal:g}%): {word}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=7, help="timed fits per arm and step size (default 7)")
+    p.add_argument("--quick", action="store_true", help="3 repeats and half the steps: a smoke run")
+    p.add_argument("--json", metavar="PATH", help="also write every measurement to PATH as JSON")
+    p.add_argument("--skip-reference", action="store_true", help="leave out the Lightning monitors arm")
+    args = p.parse_args(argv)
+    if args.repeats < 2:
+        p.error("--repeats must be at least 2")
+    repeats = 3 if args.quick else args.repeats
+    sizes = [StepSize(2.0, 500 if args.quick else 1000), StepSize(10.0, 250 if args.quick else 500)]
+
+    quiet_lightning()
+    # One intra-op thread: the second core is left to tuneup's sampler thread and the OS, as on a node
+    # where every core has a rank.
+    torch.set_num_threads(1)
+    began = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - began:6.1f} s] {msg}", flush=True)
+
+    batches = make_batches()
+    with tempfile.TemporaryDirectory(prefix="tuneup-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        lightning_ms = lightning_cost_ms(batches, tmp)
+        log(f"calibration: Lightning adds {lightning_ms:.3f} ms per step to the bare model")
+        for size in sizes:
+            # The target is the whole Lightning step, so the bare model gets what Lightning leaves of it.
+            size.width, size.plain_ms = width_for(max(0.2, size.target_ms - lightning_ms))
+            log(
+                f"calibration: ~{size.target_ms:g} ms -> MLP {IN_DIM}-{size.width}-{size.width}-1, "
+                f"batch {BATCH}: bare step {size.plain_ms:.3f} ms"
+            )
+
+        arms = [BASELINE, TUNEUP]
+        skipped = None
+        if not args.skip_reference:
+            skipped = monitors_run_on_cpu(batches, tmp)
+            if skipped is None:
+                arms.append(MONITORS)
+            else:
+                log(f"note: ThroughputMonitor/DeviceStatsMonitor do not run on this CPU ({skipped}); skipped")
+
+        results: dict[float, dict[str, ArmSummary]] = {}
+        for size in sizes:
+            results[size.target_ms] = run_size(size, arms, repeats, batches, tmp, log)
+
+    elapsed = time.perf_counter() - began
+    print()
+    lines: list[str] = []
+    for size in sizes:
+        lines += [*format_table(size.target_ms, size, results[size.target_ms]), ""]
+    for size in sizes:
+        lines.append(
+            verdict(
+                size.target_ms, compare(results[size.target_ms][BASELINE], results[size.target_ms][TUNEUP])
+            )
+        )
+    if MONITORS in arms:
+        lines.append(
+            "monitors = ThroughputMonitor(batch_size_fn) + DeviceStatsMonitor(), with a no-op logger "
+            "(DeviceStatsMonitor needs one); both log every 50 steps"
+        )
+    lines.append(
+        f"total {elapsed:.0f} s on {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"lightning {lightning.__version__}, python {platform.python_version()}"
+    )
+    print("\n".join(lines))
+
+    if args.json:
+        out = {
+            "config": {
+                "repeats": repeats,
+                "quick": args.quick,
+                "batch": BATCH,
+                "in_dim": IN_DIM,
+                "warmup_fraction": WARMUP_FRACTION,
+                "block_steps": BLOCK_STEPS,
+                "arms": arms,
+                "monitors_skipped": skipped,
+                "lightning_cost_ms": lightning_ms,
+            },
+            "machine": {
+                "cpus": os.cpu_count(),
+                "torch": torch.__version__,
+                "lightning": lightning.__version__,
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+            },
+            "sizes": [
+                {
+                    **asdict(size),
+                    "arms": {
+                        arm: [asdict(r) for r in summary.runs]
+                        for arm, summary in results[size.target_ms].items()
+                    },
+                    "against_baseline": {
+                        arm: compare(results[size.target_ms][BASELINE], summary)
+                        for arm, summary in results[size.target_ms].items()
+                        if arm != BASELINE
+                    },
+                }
+                for size in sizes
+            ],
+            "elapsed_s": elapsed,
+        }
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,512 @@
+"""`TuneupCallback`: per-step timing and telemetry of a Lightning training run, written as a run record.
+
+Hooks used, in the order Lightning fires them per micro-batch (see tuneup.collect.step_clock):
+`on_train_batch_start` -> `on_before_backward` -> `on_after_backward` -> `on_before_optimizer_step`
+(last micro-batch of an optimizer step only) -> `on_train_batch_end`. A step closes at the batch end at
+which `trainer.global_step` moved. `setup` agrees on the run directory across ranks (one broadcast, once);
+`on_train_start` writes the manifest (rank 0) and starts the telemetry sampler; `on_train_end`,
+`on_exception` and `teardown` all close the record, whichever comes first.
+
+Every hook is guarded: if tuneup itself fails, it warns once, stops recording, and training goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tuneup._log import info_once, warn_once
+from tuneup.collect.batch import BatchCounter
+from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
+from tuneup.plugins.lightning.fetch_tap import FetchTap
+from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, trainer_config
+from tuneup.record.schema import MANIFEST_FILE
+from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
+
+
+def _callback_bases() -> tuple[type, ...]:
+    # Subclassing the Callback of both namespaces makes one class pass the isinstance checks of a
+    # `lightning.pytorch` Trainer, a `pytorch_lightning` Trainer and either LightningCLI.
+    bases: list[type] = []
+    try:
+        from lightning.pytorch import Callback as LightningCallback
+
+        bases.append(LightningCallback)
+    except ImportError:
+        pass
+    try:
+        from pytorch_lightning import Callback as PLCallback
+
+        bases.append(PLCallback)
+    except ImportError:
+        pass
+    if not bases:
+        raise ImportError(
+            "TuneupCallback needs `pytorch-lightning` or `lightning`: pip install pytorch-lightning"
+        )
+    return tuple(bases)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TIMINGS = ("auto", "host", "cuda_event")
+
+
+def _guarded(hook: F) -> F:
+    @functools.wraps(hook)
+    def wrapper(self: TuneupCallback, *args: Any, **kwargs: Any) -> Any:
+        if self._disabled:
+            return None
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as exc:
+            self._disable(f"{hook.__name__} failed with {type(exc).__name__}: {exc}")
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _check_positive(name: str, value: Any, kind: type | tuple[type, ...] = (int, float)) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+        raise ValueError(f"TuneupCallback({name}=...) must be a positive number, got {value!r}")
+
+
+def _new_run_id() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def _free_run_dir(base: Path) -> Path:
+    # Never mix two runs in one directory: a reused dirpath gets a numbered sibling.
+    if not (base / MANIFEST_FILE).exists() and not any(base.glob("rank-*")):
+        return base
+    n = 1
+    while (base.parent / f"{base.name}-{n}").exists():
+        n += 1
+    return base.parent / f"{base.name}-{n}"
+
+
+class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
+    """Record where the time of every optimizer step goes, plus GPU and host telemetry.
+
+    Args:
+        dirpath: the run directory to write. Default: ``<trainer.default_root_dir>/tuneup/<run id>``.
+            A directory that already holds a run is never overwritten: ``-1``, ``-2``... is appended.
+        telemetry_interval_s: seconds between telemetry samples (NVML, psutil).
+        batch_size_fn: ``batch -> int``, samples in a batch, when tuneup cannot tell by itself.
+        tokens_fn: ``batch -> int``, tokens in a batch; by default read from integer token-id matrices.
+        grad_norm: also record the total gradient norm per step (one extra pass over the gradients,
+            no device synchronization).
+        timing: ``"auto"`` (CUDA events on a GPU, the host clock otherwise), ``"host"`` or ``"cuda_event"``.
+        log_to_trainer: also send headline metrics to the trainer's loggers every ``log_every_n_steps``.
+        flush_every_steps, flush_every_s: how often buffered records reach the disk; a killed process
+            loses at most this much.
+        detail_steps, sample_every, window_steps: how much is kept (see ``RecordingPolicy``).
+        max_lag_steps: how many steps CUDA timings may lag before tuneup waits for them.
+
+    After ``fit`` the directory written is ``callback.run_dir``.
+    """
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike[str] | None = None,
+        *,
+        telemetry_interval_s: float = 1.0,
+        batch_size_fn: Callable[[Any], int] | None = None,
+        tokens_fn: Callable[[Any], int | None] | None = None,
+        grad_norm: bool = False,
+        timing: str = "auto",
+        log_to_trainer: bool = True,
+        flush_every_steps: int = 50,
+        flush_every_s: float = 10.0,
+        detail_steps: int = 1000,
+        sample_every: int = 100,
+        window_steps: int = 100,
+        max_lag_steps: int = 4,
+    ) -> None:
+        super().__init__()
+        if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
+            raise TypeError(
+                f"TuneupCallback(dirpath=...) must be a path or None, got {type(dirpath).__name__}"
+            )
+        _check_positive("telemetry_interval_s", telemetry_interval_s)
+        _check_positive("max_lag_steps", max_lag_steps, int)
+        for name, fn in (("batch_size_fn", batch_size_fn), ("tokens_fn", tokens_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"TuneupCallback({name}=...) must be a function of the batch, got {fn!r}")
+        if timing not in _TIMINGS:
+            raise ValueError(f"TuneupCallback(timing={timing!r}) must be one of {', '.join(_TIMINGS)}")
+        try:
+            self.policy = RecordingPolicy(
+                flush_every_steps=flush_every_steps,
+                flush_every_s=flush_every_s,
+                detail_steps=detail_steps,
+                sample_every=sample_every,
+                window_steps=window_steps,
+            )
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("RecordingPolicy.", "TuneupCallback(") + "") from None
+        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self.telemetry_interval_s = float(telemetry_interval_s)
+        self.counter = BatchCounter(batch_size_fn, tokens_fn)
+        self.grad_norm = bool(grad_norm)
+        self.timing = timing
+        self.log_to_trainer = bool(log_to_trainer)
+        self.max_lag_steps = max_lag_steps
+
+        self.run_dir: Path | None = None
+        self.run_id: str | None = None
+        self._writer: RankWriter | None = None
+        self._clock: StepClock | None = None
+        self._sampler: Any = None
+        self._fetch_tap: FetchTap | None = None
+        self._disabled = False
+        self._closed = False
+        self._trainer: Any = None
+        self._rank = 0
+        self._world_size = 1
+        self._seen_global_step = 0
+        self._device: Any = None
+        self._validation_started: float | None = None
+        self._automatic_optimization = True
+        self._last_gpu_util: float | None = None
+
+    # -- failure handling --------------------------------------------------------------------------
+
+    def _disable(self, reason: str) -> None:
+        self._disabled = True
+        warn_once(f"disabled:{id(self)}", f"{reason}; tuneup stops recording, training goes on")
+        with contextlib.suppress(Exception):
+            self._shutdown("tuneup_error")
+
+    # -- setup -------------------------------------------------------------------------------------
+
+    @_guarded
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or self._writer is not None:
+            return
+        self._trainer = trainer
+        self._rank = int(trainer.global_rank)
+        self._world_size = int(trainer.world_size)
+        run_dir: str | None = None
+        if self._rank == 0:
+            if self.dirpath is not None:
+                run_dir = str(_free_run_dir(self.dirpath))
+            else:
+                run_dir = str(Path(trainer.default_root_dir) / "tuneup" / _new_run_id())
+        if self._world_size > 1:
+            # One collective at setup, as Lightning's own loggers do; none per step.
+            run_dir = trainer.strategy.broadcast(run_dir, src=0)
+        assert run_dir is not None
+        self.run_dir = Path(run_dir)
+        self.run_id = self.run_dir.name
+        self._writer = RankWriter(self.run_dir, self._rank, self.policy)
+
+    @_guarded
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._writer is None:  # fit() called without setup (never in Lightning, but cheap to survive)
+            self.setup(trainer, pl_module, "fit")
+        if self._writer is None:
+            return
+        self._device = getattr(pl_module, "device", None)
+        self._automatic_optimization = bool(getattr(pl_module, "automatic_optimization", True))
+        self._seen_global_step = int(trainer.global_step)
+        timer = self._make_timer()
+        self._clock = StepClock(timer, self._on_step_resolved, max_lag_steps=self.max_lag_steps)
+        self._writer.open(self._rank_info(trainer, timer.kind))
+        if self._rank == 0:
+            self._write_manifest(trainer, pl_module)
+        self._start_sampler(trainer)
+        self._tap_fetches(trainer)
+        self._clock.restart()
+
+    def _tap_fetches(self, trainer: Any) -> None:
+        clock = self._clock
+        profiler = getattr(trainer, "profiler", None)
+        if clock is None or profiler is None:
+            return
+
+        def guarded(mark: Callable[[], None]) -> Callable[[], None]:
+            # Runs inside Lightning's data fetching: it must never raise into it.
+            def call() -> None:
+                if not self._disabled:
+                    try:
+                        mark()
+                    except Exception as exc:
+                        self._disable(f"timing a batch fetch failed with {type(exc).__name__}: {exc}")
+
+            return call
+
+        self._fetch_tap = FetchTap(profiler, guarded(clock.fetch_start), guarded(clock.fetch_end))
+
+    def _make_timer(self) -> HostTimer | CudaEventTimer:
+        on_cuda = getattr(self._device, "type", None) == "cuda"
+        if self.timing == "cuda_event" or (self.timing == "auto" and on_cuda):
+            if not on_cuda:
+                raise ValueError("TuneupCallback(timing='cuda_event') needs the model on a CUDA device")
+            return CudaEventTimer(self._device)
+        return HostTimer()
+
+    def _rank_info(self, trainer: Any, timing: str) -> dict[str, Any]:
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "local_rank": int(getattr(trainer, "local_rank", 0)),
+            "node_rank": int(getattr(trainer, "node_rank", 0)),
+            "world_size": self._world_size,
+            "device": str(self._device) if self._device is not None else None,
+            "device_bus_id": _cuda_bus_id(self._device),
+            "timing": timing,
+            "start_unix": round(time.time(), 3),
+            "global_step_at_start": self._seen_global_step,
+        }
+
+    def _write_manifest(self, trainer: Any, pl_module: Any) -> None:
+        from tuneup.collect.environment import capture_environment
+        from tuneup.collect.nvml import gpu_inventory
+
+        manifest = {
+            "run_id": self.run_id,
+            "created_unix": round(time.time(), 3),
+            "world_size": self._world_size,
+            "num_nodes": int(getattr(trainer, "num_nodes", 1) or 1),
+            "trainer": trainer_config(trainer),
+            "dataloader": dataloader_config(trainer),
+            "model": model_summary(pl_module),
+            "environment": capture_environment(),
+            "gpus": gpu_inventory(),
+            "recording": {
+                **self.policy.as_dict(),
+                "telemetry_interval_s": self.telemetry_interval_s,
+                "grad_norm": self.grad_norm,
+                "timing": self._clock.timer.kind if self._clock else None,
+            },
+        }
+        try:
+            write_manifest(self.run_dir, manifest)  # type: ignore[arg-type]
+        except OSError as exc:
+            warn_once("manifest", f"cannot write {self.run_dir}/{MANIFEST_FILE} ({exc.strerror or exc})")
+
+    def _start_sampler(self, trainer: Any) -> None:
+        from tuneup.collect.sampler import TelemetrySampler, default_sensors
+
+        writer = self._writer
+        assert writer is not None
+
+        def sink(sample: dict[str, Any]) -> None:
+            gpus = sample.get("gpus")
+            if isinstance(gpus, list) and gpus:
+                utils = [g["util_percent"] for g in gpus if isinstance(g.get("util_percent"), (int, float))]
+                self._last_gpu_util = sum(utils) / len(utils) if utils else None
+            writer.add_telemetry(sample)
+
+        sensors = default_sensors(local_rank=int(getattr(trainer, "local_rank", 0)))
+        self._sampler = TelemetrySampler(sensors, sink, interval_s=self.telemetry_interval_s)
+        self._sampler.start()
+
+    # -- per micro-batch ---------------------------------------------------------------------------
+
+    @_guarded
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._clock is not None:
+            self._clock.restart()
+
+    @_guarded
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._clock is not None:
+            self._clock.batch_start(self.counter.samples(batch), self.counter.tokens(batch))
+
+    @_guarded
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self._clock is not None:
+            self._clock.before_backward()
+
+    @_guarded
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self._clock is not None:
+            self._clock.after_backward()
+
+    @_guarded
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._clock is None:
+            return
+        if self.grad_norm:
+            self._clock.grad_norm = _total_grad_norm(pl_module)
+        self._clock.before_optimizer()
+
+    @_guarded
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        clock = self._clock
+        if clock is None:
+            return
+        clock.batch_end()
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None and hasattr(loss, "detach"):
+            clock.add_loss(loss)
+        global_step = int(trainer.global_step)
+        if global_step == self._seen_global_step:
+            return  # still accumulating gradients: the optimizer step is not done yet
+        self._seen_global_step = global_step
+        if clock.loss is not None and not self._automatic_optimization and clock.micro_batches > 1:
+            # Lightning divides each micro-batch loss by the accumulation count only in automatic optimization.
+            clock.loss = clock.loss / clock.micro_batches
+        clock.close_step(
+            global_step - 1,
+            int(trainer.current_epoch),
+            peak_mem_bytes=_peak_memory_bytes(self._device),
+        )
+
+    # -- between steps -----------------------------------------------------------------------------
+
+    @_guarded
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.sanity_checking and self._clock is not None:
+            self._validation_started = time.perf_counter()
+
+    @_guarded
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._validation_started is None or self._clock is None:
+            return
+        duration_ms = (time.perf_counter() - self._validation_started) * 1000.0
+        self._validation_started = None
+        if self._writer is not None:
+            self._writer.add_event(
+                "validation", step=int(trainer.global_step), duration_ms=round(duration_ms, 3)
+            )
+        # Validation is not part of any training step: the next step's data wait starts now.
+        self._clock.restart()
+
+    @_guarded
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        if self._clock is not None:
+            self._clock.checkpoint = True
+        if self._writer is not None:
+            self._writer.add_event("checkpoint", step=int(trainer.global_step))
+
+    # -- resolved steps ----------------------------------------------------------------------------
+
+    def _on_step_resolved(self, record: dict[str, Any]) -> None:
+        if self._writer is not None:
+            self._writer.add_step(record)
+        if self.log_to_trainer and self._rank == 0:
+            self._log_to_trainer(record)
+
+    def _log_to_trainer(self, record: dict[str, Any]) -> None:
+        trainer = self._trainer
+        every = int(getattr(trainer, "log_every_n_steps", 50) or 50)
+        if (record["step"] + 1) % every != 0:
+            return
+        loggers = getattr(trainer, "loggers", None) or []
+        if not loggers:
+            return
+        wall_s = record["wall_ms"] / 1000.0
+        metrics: dict[str, float] = {
+            "tuneup/step_time_ms": record["wall_ms"],
+            "tuneup/data_wait_ms": record["data_ms"],
+            "tuneup/forward_ms": record["forward_ms"],
+            "tuneup/backward_ms": record["backward_ms"],
+            "tuneup/optimizer_ms": record["optimizer_ms"],
+        }
+        if record.get("samples") and wall_s > 0:
+            # Rank 0's samples times the world size: exact when ranks see equal batches, as DDP's sampler makes them.
+            metrics["tuneup/samples_per_s"] = record["samples"] * self._world_size / wall_s
+        if record.get("tokens") and wall_s > 0:
+            metrics["tuneup/tokens_per_s"] = record["tokens"] * self._world_size / wall_s
+        if self._last_gpu_util is not None:
+            metrics["tuneup/gpu_util_percent"] = self._last_gpu_util
+        for logger in loggers:
+            try:
+                logger.log_metrics(metrics, step=record["step"])
+            except Exception as exc:
+                warn_once(
+                    f"logger:{type(logger).__name__}", f"{type(logger).__name__}.log_metrics failed: {exc}"
+                )
+
+    # -- the end -----------------------------------------------------------------------------------
+
+    @_guarded
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._shutdown("completed")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        try:
+            if self._writer is not None and not self._closed:
+                self._writer.add_event(
+                    "exception", type=type(exception).__name__, message=str(exception)[:500]
+                )
+            self._shutdown("interrupted" if isinstance(exception, KeyboardInterrupt) else "exception")
+        except Exception as exc:
+            warn_once("on_exception", f"closing the record after an exception failed: {exc}")
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        try:
+            self._shutdown("teardown")
+        except Exception as exc:
+            warn_once("teardown", f"closing the record at teardown failed: {exc}")
+
+    def _shutdown(self, status: str) -> None:
+        if self._closed or self._writer is None:
+            return
+        self._closed = True
+        try:
+            if self._clock is not None and not self._disabled:
+                self._clock.drain(force=True)
+        finally:
+            if self._fetch_tap is not None:
+                self._fetch_tap.remove()
+                self._fetch_tap = None
+            if self._sampler is not None:
+                self._sampler.stop()
+            data_timing = "fetch" if self._clock is not None and self._clock.fetch_marks_seen else "gap"
+            self._writer.close(status=status, data_timing=data_timing)
+            if self._rank == 0 and self.run_dir is not None:
+                info_once(f"wrote:{self.run_dir}", f"run record written to {self.run_dir}")
+
+
+def _cuda_bus_id(device: Any) -> str | None:
+    if getattr(device, "type", None) != "cuda":
+        return None
+    try:
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0".upper()
+    except Exception:
+        return None
+
+
+def _peak_memory_bytes(device: Any) -> int | None:
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    # A host-side counter of the caching allocator: reading it does not synchronize the device.
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def _total_grad_norm(pl_module: Any) -> Any:
+    import torch
+
+    grads = []
+    for p in pl_module.parameters():
+        g = p.grad
+        if g is None:
+            continue
+        if hasattr(g, "to_local"):
+            # A sharded (DTensor) gradient: the global norm would need a collective, which tuneup never adds.
+            warn_once("grad-norm-sharded", "gradient norm is not recorded for sharded (FSDP) gradients")
+            return None
+        grads.append(g.detach())
+    if not grads:
+        return None
+    # One fused pass and a device tensor: read later with the step's timings, never synchronized here.
+    norms = torch._foreach_norm(grads, 2.0)
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)

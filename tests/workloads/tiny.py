@@ -1,0 +1,174 @@
+"""A tiny Lightning workload for tests: in-process (`fit(...)`) or as a script (DDP launches it again).
+
+    python tests/workloads/tiny.py --out RUN_DIR [--namespace pytorch_lightning] [--devices 2] ...
+
+Options inject delays where the tests need them: in the dataloader (`--slow-data-ms`), in
+`training_step` (`--slow-step-ms`, on one rank with `--slow-rank`), and can kill the process
+(`--die-at-step`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+class RandomRegression(Dataset):
+    def __init__(self, n: int = 256, dim: int = 16) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = self.x.sum(dim=1, keepdim=True)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+class SlowCollate:
+    def __init__(self, delay_ms: float) -> None:
+        self.delay_s = delay_ms / 1000.0
+
+    def __call__(self, items: list[Any]) -> Any:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return torch.utils.data.default_collate(items)
+
+
+def lightning_namespace(name: str) -> Any:
+    return importlib.import_module("lightning.pytorch" if name == "lightning" else "pytorch_lightning")
+
+
+def make_module(
+    namespace: str,
+    *,
+    dim: int = 16,
+    hidden: int = 32,
+    slow_step_ms: float = 0.0,
+    slow_rank: int = -1,
+    die_at_step: int = -1,
+    manual: bool = False,
+) -> Any:
+    L = lightning_namespace(namespace)
+
+    class TinyModule(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(dim, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+            )
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            if die_at_step >= 0 and self.trainer.global_step >= die_at_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if slow_step_ms and (slow_rank < 0 or self.global_rank == slow_rank):
+                time.sleep(slow_step_ms / 1000.0)
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            if manual:
+                opt = self.optimizers()
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return TinyModule()
+
+
+def make_loader(*, batch_size: int = 8, slow_data_ms: float = 0.0, n: int = 256, dim: int = 16) -> DataLoader:
+    return DataLoader(RandomRegression(n, dim), batch_size=batch_size, collate_fn=SlowCollate(slow_data_ms))
+
+
+def make_trainer(
+    namespace: str,
+    callbacks: list[Any],
+    *,
+    max_steps: int,
+    devices: int = 1,
+    strategy: str = "auto",
+    accumulate: int = 1,
+    root: str | None = None,
+    **kwargs: Any,
+) -> Any:
+    L = lightning_namespace(namespace)
+    return L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_steps=max_steps,
+        accumulate_grad_batches=accumulate,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        **kwargs,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--namespace", default="lightning", choices=["lightning", "pytorch_lightning"])
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--strategy", default="auto")
+    p.add_argument("--max-steps", type=int, default=20)
+    p.add_argument("--accumulate", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--slow-data-ms", type=float, default=0.0)
+    p.add_argument("--slow-step-ms", type=float, default=0.0)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--die-at-step", type=int, default=-1)
+    p.add_argument("--flush-every-steps", type=int, default=50)
+    p.add_argument("--no-callback", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+
+    from tuneup import TuneupCallback
+
+    callbacks = (
+        []
+        if args.no_callback
+        else [
+            TuneupCallback(
+                dirpath=args.out, flush_every_steps=args.flush_every_steps, telemetry_interval_s=0.2
+            )
+        ]
+    )
+    model = make_module(
+        args.namespace, slow_step_ms=args.slow_step_ms, slow_rank=args.slow_rank, die_at_step=args.die_at_step
+    )
+    trainer = make_trainer(
+        args.namespace,
+        callbacks,
+        max_steps=args.max_steps,
+        devices=args.devices,
+        strategy=args.strategy,
+        accumulate=args.accumulate,
+        root=str(Path(args.out).parent),
+    )
+    trainer.fit(model, make_loader(batch_size=args.batch_size, slow_data_ms=args.slow_data_ms, n=4096))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # A gloo group left alive at interpreter exit can abort the process (see DESIGN.md).
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Pure functions over a loaded run. Nothing here imports torch or Lightning."""

@@ -1,0 +1,180 @@
+"""Host telemetry from psutil: the training process tree, and the machine it runs on.
+
+Counters that only grow (disk and network bytes) are recorded cumulative, not as rates, so a dropped or
+late sample loses nothing; the analysis turns consecutive samples into rates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import psutil
+
+from tuneup._log import warn_once
+
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
+
+# CPU times advance in scheduler ticks (10 ms on most Linux systems): over a shorter window a rate is
+# mostly noise (one tick in 1 ms reads as 1000 %), so CPU use is left out of a sample taken sooner than
+# this after the previous one, and its baseline kept for the next.
+MIN_CPU_WINDOW_S = 0.05
+
+
+class ProcessTreeSensor:
+    """CPU, memory and thread use of one process and all its descendants (dataloader workers included).
+
+    `cpu_percent` is summed over the tree, 100 meaning one core fully busy (absent from a sample taken
+    less than MIN_CPU_WINDOW_S after the previous one). `rss_bytes` is summed too, so
+    pages shared by forked workers are counted once per process: an upper bound, chosen because the exact
+    figure (USS/PSS) costs a read of every process's smaps per tick.
+    """
+
+    def __init__(self, name: str = "process", pid: int | None = None) -> None:
+        self.name = name
+        self._root = psutil.Process(pid)
+        # pid -> (process, cpu seconds at the last tick, wall time of the last tick). Keeping the Process
+        # objects lets psutil detect pid reuse (it compares creation times) across ticks.
+        self._tracked: dict[int, tuple[psutil.Process, float, float]] = {}
+        self._track(self._root, time.time())
+
+    def _track(self, process: psutil.Process, now: float) -> None:
+        try:
+            cpu_s = _cpu_seconds(process)
+        except _GONE:
+            return
+        self._tracked[process.pid] = (process, cpu_s, now)
+
+    def sample(self) -> dict[str, object] | None:
+        now = time.time()
+        try:
+            children = self._root.children(recursive=True)
+        except _GONE:
+            return None  # the process we watch has exited: nothing left to say
+        cpu_percent: float | None = None
+        rss_bytes = 0
+        num_threads = 0
+        num_processes = 0
+        tracked: dict[int, tuple[psutil.Process, float, float]] = {}
+        for found in (self._root, *children):
+            known = self._tracked.get(found.pid)
+            if known is not None and known[0] == found:
+                process, last_cpu_s, last_wall = known
+            else:
+                # A new child: its CPU time so far was spent since it was created, so its first tick
+                # already reports a meaningful rate instead of a priming zero.
+                process = found
+                last_cpu_s = 0.0
+                try:
+                    last_wall = process.create_time()
+                except _GONE:
+                    continue
+            try:
+                with process.oneshot():
+                    cpu_s = _cpu_seconds(process)
+                    rss = process.memory_info().rss
+                    threads = process.num_threads()
+            except _GONE:
+                continue  # exited between listing and reading; its last tick already counted it
+            rss_bytes += rss
+            num_threads += threads
+            num_processes += 1
+            elapsed = now - last_wall
+            if elapsed < MIN_CPU_WINDOW_S:
+                tracked[process.pid] = (process, last_cpu_s, last_wall)  # measure it next tick
+                continue
+            cpu_percent = (cpu_percent or 0.0) + max(0.0, cpu_s - last_cpu_s) / elapsed * 100.0
+            tracked[process.pid] = (process, cpu_s, now)
+        self._tracked = tracked
+        result: dict[str, object] = {
+            "rss_bytes": rss_bytes,
+            "num_processes": num_processes,
+            "num_threads": num_threads,
+        }
+        if cpu_percent is not None:
+            result["cpu_percent"] = round(cpu_percent, 1)
+        return result
+
+    def close(self) -> None:
+        self._tracked.clear()
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    # children_user/children_system count only children that were waited for; the live children are
+    # measured directly, so adding those would count dataloader workers twice.
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+class SystemSensor:
+    """Machine-wide CPU and memory use, and cumulative disk and network byte counters.
+
+    `cpu_percent` (100 = every core busy) is absent from a sample taken less than MIN_CPU_WINDOW_S after
+    the previous one; a disk or network counter psutil cannot read is absent, with one warning.
+    """
+
+    def __init__(self, name: str = "system") -> None:
+        self.name = name
+        # Computed from cpu_times deltas of our own rather than psutil.cpu_percent(), whose "since last
+        # call" state is per thread in recent psutil and global in older ones: either way another caller
+        # or the thread change from construction to the sampler thread would distort the first reading.
+        self._last_cpu = _cpu_busy_total()
+        self._last_cpu_wall = time.time()
+
+    def sample(self) -> dict[str, object]:
+        result: dict[str, object] = {}
+        self._read("cpu_percent", result, self._cpu_percent)
+        self._read("memory", result, _memory)
+        self._read("disk", result, _disk)
+        self._read("net", result, _net)
+        return result
+
+    def _read(self, field: str, result: dict[str, object], reader: Callable[[], dict[str, object]]) -> None:
+        try:
+            result.update(reader())
+        except Exception as error:
+            warn_once(f"{self.name}:{field}", f"host telemetry cannot read {field} ({error}); omitted")
+
+    def _cpu_percent(self) -> dict[str, object]:
+        now = time.time()
+        if now - self._last_cpu_wall < MIN_CPU_WINDOW_S:
+            return {}
+        busy, total = _cpu_busy_total()
+        last_busy, last_total = self._last_cpu
+        if total <= last_total:
+            return {}
+        self._last_cpu = (busy, total)
+        self._last_cpu_wall = now
+        return {"cpu_percent": round(max(0.0, busy - last_busy) / (total - last_total) * 100.0, 1)}
+
+    def close(self) -> None:
+        pass
+
+
+def _cpu_busy_total() -> tuple[float, float]:
+    times = psutil.cpu_times()
+    # On Linux guest time is already included in user/nice; iowait is idle time, not work.
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    busy = total - times.idle - getattr(times, "iowait", 0.0)
+    return busy, total
+
+
+def _memory() -> dict[str, object]:
+    memory = psutil.virtual_memory()
+    return {"mem_used_bytes": int(memory.used), "mem_total_bytes": int(memory.total)}
+
+
+def _disk() -> dict[str, object]:
+    counters = psutil.disk_io_counters()
+    if counters is None:  # no disks psutil can see (some containers)
+        return {}
+    return {"disk_read_bytes": int(counters.read_bytes), "disk_write_bytes": int(counters.write_bytes)}
+
+
+def _net() -> dict[str, object]:
+    net = {
+        interface: {"sent_bytes": int(counters.bytes_sent), "recv_bytes": int(counters.bytes_recv)}
+        for interface, counters in psutil.net_io_counters(pernic=True).items()
+        if counters.bytes_sent or counters.bytes_recv
+    }
+    return {"net": net}
