@@ -289,8 +289,11 @@ def test_invalid_options_fail_at_construction(kwargs: dict, message: str) -> Non
     ("namespace", "model", "data"),
     [("lightning", "LModel", "LData"), ("pytorch_lightning", "PLModel", "PLData")],
 )
-def test_lightning_cli_config(namespace: str, model: str, data: str, tmp_path: Path) -> None:
+def test_lightning_cli_config(namespace: str, model: str, data: str, tmp_path: Path, monkeypatch) -> None:
     import importlib
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["train.py"])  # pytest's own argv would otherwise reach the CLI
 
     cli_module = importlib.import_module(
         "lightning.pytorch.cli" if namespace == "lightning" else "pytorch_lightning.cli"
@@ -320,3 +323,14 @@ trainer:
     )
     run = load_run(tmp_path / "cli-run")
     assert [s.step for s in run.steps(0)] == [0, 1, 2, 3] and run.steps(0)[0].samples == 4
+
+
+def test_second_fit_with_the_same_callback_is_a_new_run(tmp_path: Path) -> None:
+    cb = TuneupCallback(dirpath=tmp_path / "run", telemetry_interval_s=0.5)
+    model = make_module("lightning")
+    make_trainer("lightning", [cb], max_steps=3).fit(model, make_loader())
+    first = cb.run_dir
+    make_trainer("lightning", [cb], max_steps=5).fit(model, make_loader())
+    assert first == tmp_path / "run" and cb.run_dir == tmp_path / "run-1"
+    assert len(load_run(first).steps(0)) == 3 and len(load_run(cb.run_dir).steps(0)) == 5
+    assert load_run(cb.run_dir).ranks[0].info.closed

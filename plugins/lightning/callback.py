@@ -58,6 +58,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _TIMINGS = ("auto", "host", "cuda_event")
 
+# torch.cuda.max_memory_allocated builds the allocator's whole statistics dict (tens of microseconds):
+# read it every this many steps. The peak is never reset, so carrying it forward loses nothing but lag.
+PEAK_MEMORY_EVERY_STEPS = 10
+
 
 def _guarded(hook: F) -> F:
     @functools.wraps(hook)
@@ -176,6 +180,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._validation_started: float | None = None
         self._automatic_optimization = True
         self._last_gpu_util: float | None = None
+        self._peak_mem_bytes: int | None = None
 
     # -- failure handling --------------------------------------------------------------------------
 
@@ -189,8 +194,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
 
     @_guarded
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if stage != "fit" or self._writer is not None:
+        if stage != "fit" or (self._writer is not None and not self._closed):
             return
+        if self._closed:  # a second fit() with the same callback: a new run, never appended to the last
+            self._writer, self._clock, self._sampler, self._closed = None, None, None, False
+            self._peak_mem_bytes = None
         self._trainer = trainer
         self._rank = int(trainer.global_rank)
         self._world_size = int(trainer.world_size)
@@ -358,11 +366,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if clock.loss is not None and not self._automatic_optimization and clock.micro_batches > 1:
             # Lightning divides each micro-batch loss by the accumulation count only in automatic optimization.
             clock.loss = clock.loss / clock.micro_batches
-        clock.close_step(
-            global_step - 1,
-            int(trainer.current_epoch),
-            peak_mem_bytes=_peak_memory_bytes(self._device),
-        )
+        step = global_step - 1
+        if step % PEAK_MEMORY_EVERY_STEPS == 0 or self._peak_mem_bytes is None:
+            self._peak_mem_bytes = _peak_memory_bytes(self._device)
+        clock.close_step(step, int(trainer.current_epoch), peak_mem_bytes=self._peak_mem_bytes)
 
     # -- between steps -----------------------------------------------------------------------------
 
