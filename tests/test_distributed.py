@@ -66,7 +66,9 @@ def test_sigkill_mid_run_keeps_every_flushed_step(tmp_path: Path) -> None:
     )
     assert proc.returncode == -9, proc.stderr[-2000:]
     run = load_run(out)
-    # Steps 0..22 completed; flushes happened after steps 4, 9, 14 and 19; 20..22 were still buffered.
-    assert [s.step for s in run.steps(0)] == list(range(20))
+    # Steps 0..22 completed. A writer thread flushes every 5 steps: whatever it had written is there, as
+    # a contiguous prefix, and at most the last interval (plus the one being written) is lost.
+    kept = [s.step for s in run.steps(0)]
+    assert kept == list(range(len(kept))) and 15 <= len(kept) <= 23, kept
     assert not run.ranks[0].info.closed
-    assert any("rank 0 stopped at step 19 without closing" in w for w in run.warnings)
+    assert any(f"rank 0 stopped at step {kept[-1]} without closing" in w for w in run.warnings)

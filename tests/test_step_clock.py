@@ -14,6 +14,7 @@ class ScriptedTimer:
     """Host-like timer whose time the test sets; optionally marks complete only when the test says so."""
 
     kind = "scripted"
+    immediate = False
 
     def __init__(self, deferred: bool = False) -> None:
         self.now_ms = 0.0
@@ -68,6 +69,7 @@ def test_single_micro_batch_phases_tile_the_step() -> None:
     clock.restart()
     micro_batch(clock, timer, data=5, fwd=10, bwd=20, opt=3, between=2)
     clock.close_step(0, 0)
+    clock.drain()
     (rec,) = out
     assert (rec["data_ms"], rec["forward_ms"], rec["backward_ms"], rec["optimizer_ms"]) == (5, 10, 20, 3)
     assert rec["other_ms"] == 2 and rec["wall_ms"] == 40 and rec["micro_batches"] == 1 and rec["samples"] == 4
@@ -80,6 +82,7 @@ def test_accumulation_sums_micro_batches_into_one_step() -> None:
     for i in range(4):
         micro_batch(clock, timer, data=1, fwd=2, bwd=3, opt=4 if i == 3 else None, between=0.5)
     clock.close_step(0, 0)
+    clock.drain()
     (rec,) = out
     assert rec["micro_batches"] == 4 and rec["samples"] == 16
     assert (rec["data_ms"], rec["forward_ms"], rec["backward_ms"], rec["optimizer_ms"]) == (4, 8, 12, 4)
@@ -96,6 +99,7 @@ def test_restart_excludes_time_outside_training() -> None:
     clock.restart()
     micro_batch(clock, timer, data=2, fwd=1, bwd=1, opt=1)
     clock.close_step(1, 0)
+    clock.drain()
     assert out[1]["data_ms"] == 2 and out[1]["wall_ms"] == 5
 
 
@@ -110,6 +114,7 @@ def test_reported_fetches_are_data_and_the_rest_of_the_gap_is_other() -> None:
     timer.now_ms += 7  # a collective the trainer runs between batches
     micro_batch(clock, timer, data=0, fwd=1, bwd=1, opt=1)
     clock.close_step(0, 0)
+    clock.drain()
     assert out[0]["data_ms"] == 5 and out[0]["other_ms"] == 10 and out[0]["wall_ms"] == 18
 
 
@@ -121,28 +126,57 @@ def test_loss_of_micro_batches_is_summed() -> None:
         micro_batch(clock, timer, 1, 1, 1, None)
         clock.add_loss(0.25)
     clock.close_step(0, 0)
+    clock.drain()
     assert out[0]["loss"] == 0.5
 
 
-def test_deferred_marks_are_read_late_and_waited_for_only_past_the_lag() -> None:
+def test_deferred_marks_are_read_late_and_waited_for_only_past_max_pending() -> None:
     timer, out = ScriptedTimer(deferred=True), []
-    clock = StepClock(timer, out.append, max_lag_steps=3)
+    clock = StepClock(timer, out.append, max_pending=3)
     clock.restart()
     for step in range(3):
         micro_batch(clock, timer, 1, 1, 1, 1)
         clock.close_step(step, 0)
+        clock.drain()
     assert out == [] and timer.waited == []  # nothing read, nothing waited for: no sync per step
     timer.completed_up_to = timer.now_ms  # the device has caught up with the three steps queued so far
     micro_batch(clock, timer, 1, 1, 1, 1)
     clock.close_step(3, 0)
+    clock.drain()
     assert [r["step"] for r in out] == [0, 1, 2] and timer.waited == []
     for step in range(4, 8):
         micro_batch(clock, timer, 1, 1, 1, 1)
         clock.close_step(step, 0)
-    # Past the lag the oldest step is waited for (it is long done on a real device), one at a time.
+        clock.drain()
+    # Past max_pending the oldest step is waited for (long done on a real device), one at a time.
     assert [r["step"] for r in out] == list(range(5)) and timer.waited == [16.0, 20.0]
     clock.drain(force=True)
     assert [r["step"] for r in out] == list(range(8)) and all(r["wall_ms"] == 4 for r in out)
+
+
+def test_host_timer_accumulates_at_once_and_resolves_in_batches(monkeypatch) -> None:
+    from tuneup.collect import step_clock
+
+    now = [100.0]
+    monkeypatch.setattr(step_clock.time, "perf_counter", lambda: now[0])
+    out: list[dict] = []
+    clock = StepClock(step_clock.HostTimer(), out.append)
+    clock.restart()
+    for step in range(3):
+        for phase_s in (0.001, 0.002, 0.003):  # data, forward, backward
+            now[0] += phase_s
+            (clock.batch_start, clock.before_backward, clock.after_backward)[
+                [0.001, 0.002, 0.003].index(phase_s)
+            ]()
+        clock.before_optimizer()
+        now[0] += 0.004
+        clock.batch_end()
+        clock.close_step(step, 0)
+    assert out == [] and clock.pending == 3  # nothing built inside the steps
+    clock.drain()
+    assert [r["step"] for r in out] == [0, 1, 2]
+    assert all(r["wall_ms"] == pytest.approx(10.0) and r["optimizer_ms"] == pytest.approx(4.0) for r in out)
+    assert [r["t_end"] for r in out] == sorted(r["t_end"] for r in out)
 
 
 def test_marks_are_recycled_but_never_while_still_in_use() -> None:
@@ -180,3 +214,14 @@ def test_batch_counter_uses_user_functions_and_warns_once(caplog: pytest.LogCapt
     broken = BatchCounter(batch_size_fn=lambda b: 1 / 0)
     assert broken.samples(1) is None
     assert any("batch_size_fn raised ZeroDivisionError" in r.getMessage() for r in caplog.records)
+
+
+def test_batch_counter_follows_the_remembered_place_and_searches_again_when_it_moves() -> None:
+    torch = pytest.importorskip("torch")
+    counter = BatchCounter()
+    ids = torch.zeros(4, 16, dtype=torch.long)
+    assert counter.samples({"input_ids": ids}) == 4 and counter.tokens({"input_ids": ids}) == 64
+    assert counter.samples({"input_ids": torch.zeros(2, 8, dtype=torch.long)}) == 2
+    assert counter.tokens({"input_ids": torch.zeros(2, 8, dtype=torch.long)}) == 16
+    moved = (torch.zeros(3, 5), torch.zeros(3, 10, dtype=torch.long))  # another structure altogether
+    assert counter.samples(moved) == 3 and counter.tokens(moved) == 30

@@ -18,14 +18,16 @@ import os
 import secrets
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tuneup._log import info_once, warn_once
 from tuneup.collect.batch import BatchCounter
+from tuneup.collect.drainer import Drainer
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
-from tuneup.plugins.lightning.fetch_tap import FetchTap
+from tuneup.plugins.lightning.fetch_tap import FetchTap, fetch_actions
 from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, trainer_config
 from tuneup.record.schema import MANIFEST_FILE
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
@@ -112,7 +114,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         flush_every_steps, flush_every_s: how often buffered records reach the disk; a killed process
             loses at most this much.
         detail_steps, sample_every, window_steps: how much is kept (see ``RecordingPolicy``).
-        max_lag_steps: how many steps CUDA timings may lag before tuneup waits for them.
+        max_lag_steps: how many steps, beyond the ``flush_every_steps`` that wait to be written anyway,
+            CUDA timings may still be unreadable before tuneup waits for the device.
 
     After ``fit`` the directory written is ``callback.run_dir``.
     """
@@ -181,6 +184,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._automatic_optimization = True
         self._last_gpu_util: float | None = None
         self._peak_mem_bytes: int | None = None
+        self._drainer: Drainer | None = None
+        self._log_queue: deque[tuple[int, dict[str, float]]] = deque()
 
     # -- failure handling --------------------------------------------------------------------------
 
@@ -226,13 +231,31 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._automatic_optimization = bool(getattr(pl_module, "automatic_optimization", True))
         self._seen_global_step = int(trainer.global_step)
         timer = self._make_timer()
-        self._clock = StepClock(timer, self._on_step_resolved, max_lag_steps=self.max_lag_steps)
+        self._clock = StepClock(
+            timer, self._on_step_resolved, max_pending=self.policy.flush_every_steps + self.max_lag_steps
+        )
         self._writer.open(self._rank_info(trainer, timer.kind))
         if self._rank == 0:
             self._write_manifest(trainer, pl_module)
         self._start_sampler(trainer)
         self._tap_fetches(trainer)
+        self._drainer = Drainer(
+            self._clock.drain,
+            interval_s=self.policy.flush_every_s,
+            on_error=self._drainer_failed,
+            thread_init=_cuda_thread_init(self._device),
+        )
+        self._drainer.start()
         self._clock.restart()
+
+    def _drainer_failed(self, exc: BaseException) -> None:
+        # Runs on the drainer's thread: stop recording, but leave closing the record to the training
+        # thread's next teardown hook (joining this thread from itself would deadlock).
+        self._disabled = True
+        warn_once(
+            f"disabled:{id(self)}",
+            f"writing step records failed with {type(exc).__name__}: {exc}; tuneup stops recording, training goes on",
+        )
 
     def _tap_fetches(self, trainer: Any) -> None:
         clock = self._clock
@@ -251,7 +274,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
 
             return call
 
-        self._fetch_tap = FetchTap(profiler, guarded(clock.fetch_start), guarded(clock.fetch_end))
+        actions = fetch_actions(type(trainer.strategy).__name__)
+        self._fetch_tap = FetchTap(profiler, actions, guarded(clock.fetch_start), guarded(clock.fetch_end))
+
+    @property
+    def _log_every(self) -> int:
+        return int(getattr(self._trainer, "log_every_n_steps", 50) or 50)
 
     def _make_timer(self) -> HostTimer | CudaEventTimer:
         on_cuda = getattr(self._device, "type", None) == "cuda"
@@ -358,8 +386,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         clock.batch_end()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and hasattr(loss, "detach"):
-            clock.add_loss(loss)
-        global_step = int(trainer.global_step)
+            # Automatic optimization hands over a detached copy; a manual training_step may return the
+            # loss with its graph, which must not be kept alive until the step is resolved.
+            clock.add_loss(loss if self._automatic_optimization else loss.detach())
+        global_step = trainer.global_step
         if global_step == self._seen_global_step:
             return  # still accumulating gradients: the optimizer step is not done yet
         self._seen_global_step = global_step
@@ -369,7 +399,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         step = global_step - 1
         if step % PEAK_MEMORY_EVERY_STEPS == 0 or self._peak_mem_bytes is None:
             self._peak_mem_bytes = _peak_memory_bytes(self._device)
-        clock.close_step(step, int(trainer.current_epoch), peak_mem_bytes=self._peak_mem_bytes)
+        clock.close_step(step, trainer.current_epoch, peak_mem_bytes=self._peak_mem_bytes)
+        # Records are built and written on the drainer's thread (which also wakes every flush_every_s).
+        if clock.pending >= self.policy.flush_every_steps and self._drainer is not None:
+            self._drainer.wake()
+        if self._log_queue:
+            self._log_to_trainer()
 
     # -- between steps -----------------------------------------------------------------------------
 
@@ -401,19 +436,27 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     # -- resolved steps ----------------------------------------------------------------------------
 
     def _on_step_resolved(self, record: dict[str, Any]) -> None:
+        """Runs on the drainer's thread: write the record, and queue what the trainer's loggers get."""
         if self._writer is not None:
             self._writer.add_step(record)
-        if self.log_to_trainer and self._rank == 0:
-            self._log_to_trainer(record)
+        if self.log_to_trainer and self._rank == 0 and (record["step"] + 1) % self._log_every == 0:
+            self._log_queue.append(self._headline_metrics(record))
 
-    def _log_to_trainer(self, record: dict[str, Any]) -> None:
-        trainer = self._trainer
-        every = int(getattr(trainer, "log_every_n_steps", 50) or 50)
-        if (record["step"] + 1) % every != 0:
-            return
-        loggers = getattr(trainer, "loggers", None) or []
-        if not loggers:
-            return
+    def _log_to_trainer(self) -> None:
+        """On the training thread: loggers are not all safe to call from another thread."""
+        loggers = getattr(self._trainer, "loggers", None) or []
+        while self._log_queue:
+            step, metrics = self._log_queue.popleft()
+            for logger in loggers:
+                try:
+                    logger.log_metrics(metrics, step=step)
+                except Exception as exc:
+                    warn_once(
+                        f"logger:{type(logger).__name__}",
+                        f"{type(logger).__name__}.log_metrics failed: {exc}",
+                    )
+
+    def _headline_metrics(self, record: dict[str, Any]) -> tuple[int, dict[str, float]]:
         wall_s = record["wall_ms"] / 1000.0
         metrics: dict[str, float] = {
             "tuneup/step_time_ms": record["wall_ms"],
@@ -429,13 +472,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             metrics["tuneup/tokens_per_s"] = record["tokens"] * self._world_size / wall_s
         if self._last_gpu_util is not None:
             metrics["tuneup/gpu_util_percent"] = self._last_gpu_util
-        for logger in loggers:
-            try:
-                logger.log_metrics(metrics, step=record["step"])
-            except Exception as exc:
-                warn_once(
-                    f"logger:{type(logger).__name__}", f"{type(logger).__name__}.log_metrics failed: {exc}"
-                )
+        return record["step"], metrics
 
     # -- the end -----------------------------------------------------------------------------------
 
@@ -464,8 +501,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             return
         self._closed = True
         try:
+            if self._drainer is not None:
+                self._drainer.stop()
             if self._clock is not None and not self._disabled:
                 self._clock.drain(force=True)
+                self._log_to_trainer()
         finally:
             if self._fetch_tap is not None:
                 self._fetch_tap.remove()
@@ -476,6 +516,19 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._writer.close(status=status, data_timing=data_timing)
             if self._rank == 0 and self.run_dir is not None:
                 info_once(f"wrote:{self.run_dir}", f"run record written to {self.run_dir}")
+
+
+def _cuda_thread_init(device: Any) -> Any:
+    """For the drainer's thread on a GPU: the rank's device, so reading a loss copies from the right one."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+
+    def init() -> None:
+        import torch
+
+        torch.cuda.set_device(device)
+
+    return init
 
 
 def _cuda_bus_id(device: Any) -> str | None:

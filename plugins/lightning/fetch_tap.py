@@ -16,18 +16,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-FETCH_SUFFIXES = ("train_dataloader_next", ".batch_to_device")
+FETCH_ACTION = "[_TrainingEpochLoop].train_dataloader_next"
 
 
-def _is_fetch(action_name: Any) -> bool:
-    return isinstance(action_name, str) and action_name.endswith(FETCH_SUFFIXES)
+def fetch_actions(strategy_name: str) -> frozenset[str]:
+    """The exact profiler action names of a training batch's fetch and its copy to the device."""
+    return frozenset({FETCH_ACTION, f"[Strategy]{strategy_name}.batch_to_device"})
 
 
 class FetchTap:
-    """Installs itself on `trainer.profiler` (instance attributes), and removes itself on `remove()`."""
+    """Installs itself on `trainer.profiler` (instance attributes), and removes itself on `remove()`.
 
-    def __init__(self, profiler: Any, on_start: Callable[[], None], on_stop: Callable[[], None]) -> None:
+    Lightning calls the profiler for every hook of every callback (two dozen times a step), so the
+    test for the two actions that matter is one set lookup of the exact names.
+    """
+
+    def __init__(
+        self,
+        profiler: Any,
+        actions: frozenset[str],
+        on_start: Callable[[], None],
+        on_stop: Callable[[], None],
+    ) -> None:
         self.profiler = profiler
+        self._actions = actions
         self._on_start = on_start
         self._on_stop = on_stop
         self._had_own = {name: name in vars(profiler) for name in ("start", "stop")}
@@ -37,13 +49,13 @@ class FetchTap:
         profiler.stop = self._stop
 
     def _start(self, action_name: str) -> None:
-        if _is_fetch(action_name):
+        if action_name in self._actions:
             self._on_start()
         self._orig_start(action_name)
 
     def _stop(self, action_name: str) -> None:
         self._orig_stop(action_name)
-        if _is_fetch(action_name):
+        if action_name in self._actions:
             self._on_stop()
 
     def remove(self) -> None:

@@ -84,16 +84,22 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def _clean(value: Any) -> Any:
+# Fields kept to significant digits rather than to microseconds: a loss of 1e-5 must not round to 0.
+_SIGNIFICANT = frozenset({"loss", "grad_norm"})
+
+
+def _clean(key: str, value: Any) -> Any:
+    if not isinstance(value, float):
+        return value
     # JSON has no NaN or inf; a diverged loss is recorded as null rather than as an unreadable line.
-    if isinstance(value, float) and not math.isfinite(value):
+    if not math.isfinite(value):
         return None
-    return value
+    return float(f"{value:.7g}") if key in _SIGNIFICANT else round(value, 3)
 
 
 def dumps_line(record: Mapping[str, Any]) -> str:
     return (
-        json.dumps({k: _clean(v) for k, v in record.items()}, default=_json_default, separators=(",", ":"))
+        json.dumps({k: _clean(k, v) for k, v in record.items()}, default=_json_default, separators=(",", ":"))
         + "\n"
     )
 
@@ -126,77 +132,65 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def summarize(values: list[float]) -> dict[str, float]:
-    """n, mean, p50, p95 and max of `values` (non-empty)."""
+    """n, mean, p50, p95 and max of `values` (non-empty), to 6 significant digits."""
     ordered = sorted(values)
     return {
         "n": len(ordered),
-        "mean": round(sum(ordered) / len(ordered), 6),
-        "p50": round(_quantile(ordered, 0.50), 6),
-        "p95": round(_quantile(ordered, 0.95), 6),
-        "max": ordered[-1],
+        "mean": _sig6(sum(ordered) / len(ordered)),
+        "p50": _sig6(_quantile(ordered, 0.50)),
+        "p95": _sig6(_quantile(ordered, 0.95)),
+        "max": _sig6(ordered[-1]),
     }
 
 
-class _Window:
-    """Accumulates the steps of one window until it is complete."""
+def _sig6(value: float) -> float | int:
+    return value if isinstance(value, int) else float(f"{value:.6g}")
 
-    __slots__ = (
-        "first_step",
-        "last_step",
-        "micro_batches",
-        "samples",
-        "t_end",
-        "t_start",
-        "tokens",
-        "values",
-    )
+
+class _Window:
+    """The steps of one window, kept until it is complete; its statistics are computed once, at the end."""
+
+    __slots__ = ("records",)
 
     def __init__(self) -> None:
-        self.values: dict[str, list[float]] = {m: [] for m in STEP_METRICS}
-        self.first_step = -1
-        self.last_step = -1
-        self.t_start = 0.0
-        self.t_end = 0.0
-        self.samples: int | None = None
-        self.tokens: int | None = None
-        self.micro_batches = 0
+        self.records: list[Mapping[str, Any]] = []
 
     def add(self, rec: Mapping[str, Any]) -> None:
-        if self.first_step < 0:
-            self.first_step = rec["step"]
-            self.t_start = rec["t_end"] - rec["wall_ms"] / 1000.0
-        self.last_step = rec["step"]
-        self.t_end = rec["t_end"]
-        self.micro_batches += rec.get("micro_batches", 0)
-        for metric in STEP_METRICS:
-            value = rec.get(metric)
-            if value is not None and not (isinstance(value, float) and not math.isfinite(value)):
-                self.values[metric].append(value)
-        if rec.get("samples") is not None:
-            self.samples = (self.samples or 0) + rec["samples"]
-        if rec.get("tokens") is not None:
-            self.tokens = (self.tokens or 0) + rec["tokens"]
+        self.records.append(rec)
 
     @property
     def count(self) -> int:
-        return len(self.values["wall_ms"])
+        return len(self.records)
 
     def as_record(self) -> dict[str, Any]:
+        recs = self.records
+        first, last = recs[0], recs[-1]
+        stats = {}
+        for metric in STEP_METRICS:
+            values = [v for r in recs if (v := r.get(metric)) is not None and math.isfinite(v)]
+            if values:
+                stats[metric] = summarize(values)
+        samples = [r["samples"] for r in recs if r.get("samples") is not None]
+        tokens = [r["tokens"] for r in recs if r.get("tokens") is not None]
         return {
-            "first_step": self.first_step,
-            "last_step": self.last_step,
-            "count": self.count,
-            "t_start": round(self.t_start, 3),
-            "t_end": round(self.t_end, 3),
-            "samples": self.samples,
-            "tokens": self.tokens,
-            "micro_batches": self.micro_batches,
-            "stats": {m: summarize(v) for m, v in self.values.items() if v},
+            "first_step": first["step"],
+            "last_step": last["step"],
+            "count": len(recs),
+            "t_start": round(first["t_end"] - first["wall_ms"] / 1000.0, 3),
+            "t_end": round(last["t_end"], 3),
+            "samples": sum(samples) if samples else None,
+            "tokens": sum(tokens) if tokens else None,
+            "micro_batches": sum(r.get("micro_batches", 0) for r in recs),
+            "stats": stats,
         }
 
 
 class _Stream:
-    """One append-only JSON-lines file with an in-memory buffer of whole lines."""
+    """One append-only JSON-lines file with an in-memory buffer of whole lines.
+
+    Safe to append to from one thread while another flushes: the training thread, the thread that
+    writes steps and the telemetry thread all share a rank's writer.
+    """
 
     def __init__(self, path: Path, what: str) -> None:
         self.path = path
@@ -205,14 +199,20 @@ class _Stream:
         self.file: IO[str] | None = None
         self.failed = False
         self.lines_lost = 0
+        self.lock = threading.Lock()
 
     def append(self, line: str) -> None:
-        if self.failed:
-            self.lines_lost += 1
-            return
-        self.buffer.append(line)
+        with self.lock:
+            if self.failed:
+                self.lines_lost += 1
+                return
+            self.buffer.append(line)
 
     def flush(self) -> None:
+        with self.lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         if self.failed or not self.buffer:
             return
         lines, self.buffer = self.buffer, []
@@ -232,18 +232,20 @@ class _Stream:
             )
 
     def close(self) -> None:
-        self.flush()
-        if self.file is not None:
-            with contextlib.suppress(OSError):
-                self.file.close()
-            self.file = None
+        with self.lock:
+            self._flush_locked()
+            if self.file is not None:
+                with contextlib.suppress(OSError):
+                    self.file.close()
+                self.file = None
 
 
 class RankWriter:
     """The streams of one rank of one run.
 
-    Thread-safety: `add_step` and `add_event` are called from the training thread, `add_telemetry`
-    from the sampler thread; telemetry has its own lock and buffer so neither waits on the other's I/O.
+    Thread-safety: steps come from one thread (the one that resolves them), events from the training
+    thread, telemetry from the sampler thread; each stream has its own lock and buffer, so none waits
+    on another's I/O. `close` is called once, after the other threads have stopped.
     """
 
     def __init__(
@@ -260,7 +262,6 @@ class RankWriter:
         self._windows = _Stream(self.dir / WINDOWS_FILE, "step windows")
         self._events = _Stream(self.dir / EVENTS_FILE, "events")
         self._telemetry = _Stream(self.dir / TELEMETRY_FILE, "telemetry")
-        self._telemetry_lock = threading.Lock()
         self._last_flush = time.monotonic()
         self._last_telemetry_flush = time.monotonic()
         self._steps_since_flush = 0
@@ -300,9 +301,7 @@ class RankWriter:
         self.closed = True
         self._emit_window()
         self.flush()
-        with self._telemetry_lock:
-            self._telemetry.close()
-        for stream in (self._steps, self._windows, self._events):
+        for stream in (self._steps, self._windows, self._events, self._telemetry):
             stream.close()
         if not self.usable:
             return
@@ -351,11 +350,10 @@ class RankWriter:
         self._events.append(dumps_line({"t": round(time.time(), 3), "kind": kind, **fields}))
 
     def add_telemetry(self, sample: Mapping[str, Any]) -> None:
-        with self._telemetry_lock:
-            self._telemetry.append(dumps_line(sample))
-            if time.monotonic() - self._last_telemetry_flush >= self.policy.flush_every_s:
-                self._last_telemetry_flush = time.monotonic()
-                self._telemetry.flush()
+        self._telemetry.append(dumps_line(sample))
+        if time.monotonic() - self._last_telemetry_flush >= self.policy.flush_every_s:
+            self._last_telemetry_flush = time.monotonic()
+            self._telemetry.flush()
 
     def flush(self) -> None:
         self._steps.flush()
