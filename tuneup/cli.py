@@ -1,7 +1,8 @@
 """The `tuneup` command.
 
-    tuneup show RUN_DIR     headline figures and warnings of a recorded run, in the terminal
-    tuneup demo             train a small transformer LM with the callback, then show its run
+    tuneup report RUN_DIR   the run as HTML, Markdown and JSON, with plots
+    tuneup show RUN_DIR     headline figures, findings and warnings of a recorded run, in the terminal
+    tuneup demo             train a small transformer LM with the callback, then report on its run
 
 Input errors print one line on stderr and exit with code 2; they never print a traceback. Heavy
 imports (torch, Lightning) happen only inside the commands that train, so `tuneup --help` is fast.
@@ -10,6 +11,7 @@ imports (torch, Lightning) happen only inside the commands that train, so `tuneu
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,78 +29,109 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:,.2f} B" if n >= 1e9 else f"{n / 1e6:,.2f} M" if n >= 1e6 else f"{n:,}"
+
+
 def _rate(value: float | None, unit: str) -> str | None:
     return None if value is None else f"{value:,.1f} {unit}"
 
 
 def format_summary(run_dir: Path) -> str:
-    from tuneup.analyze.summary import summarize_run
-    from tuneup.record import load_run
+    """The headline figures, findings and warnings of a run, for the terminal."""
+    from tuneup.report import build_report
 
-    run = load_run(run_dir)
-    s = summarize_run(run)
-    m = run.manifest
-    t = m.trainer
-    lines = [f"tuneup run {s.run_id}  ({run_dir})"]
-    host = (m.environment.get("host") or {}).get("hostname")
+    r = build_report(run_dir)
+    run, st = r["run"], r["step_time"]
+    hosts = sorted({h for h in run["hosts"].values() if h})
+    lines = [f"tuneup run {run['run_id']}  ({run_dir})"]
     lines.append(
-        f"  world size {m.world_size} on {m.num_nodes} node(s){f' ({host})' if host else ''}; "
-        f"{t.get('namespace', '?')} {t.get('strategy', '?')}, precision {t.get('precision', '?')}, "
-        f"accumulate {t.get('accumulate_grad_batches', '?')}"
+        f"  world size {run['world_size']} on {run['num_nodes']} node(s)"
+        + (f" ({', '.join(hosts[:4])})" if hosts else "")
+        + f"; {run['namespace'] or '?'} {run['strategy'] or '?'}, precision {run['precision'] or '?'}, "
+        f"accumulate {run['accumulate_grad_batches']}"
     )
-    params = m.model.get("parameters")
-    batch = m.dataloader.get("batch_size")
+    params, batch = run["parameters"], run["batch_size_per_rank"]
     lines.append(
-        f"  model {m.model.get('class', '?')}"
-        + (f": {params / 1e6:,.2f} M parameters" if isinstance(params, int) else "")
+        f"  model {run['model_class'] or '?'}"
+        + (f": {_count(params)} parameters" if isinstance(params, int) else "")
         + (f"; batch size {batch} per rank" if batch else "")
     )
-    if not s.ranks:
+    if not st["per_rank"]:
         lines.append("  no steps recorded")
     else:
-        r0 = s.ranks[0]
         lines.append(
-            f"  steps recorded {r0.steps_recorded} per rank (first {r0.warmup_steps} left out as warm-up)"
+            f"  steps recorded {run['steps_recorded']} per rank (first {r['warmup']['steps']} left out as warm-up)"
         )
+        tp = r["throughput"]
         rates = [
             x
             for x in (
-                _rate(s.samples_per_s, "samples/s"),
-                _rate(s.tokens_per_s, "tokens/s"),
-                _rate(s.steps_per_s, "optimizer steps/s"),
+                _rate(tp["samples_per_s"], "samples/s"),
+                _rate(tp["tokens_per_s"], "tokens/s"),
+                _rate(tp["steps_per_s"], "optimizer steps/s"),
             )
             if x
         ]
         lines.append("")
         lines.append(f"  throughput (steady state, all ranks): {' | '.join(rates)}")
-        step_ms = sum(r0.phase_ms.values())
-        lines.append(f"  step time: median {r0.median_step_ms:,.2f} ms (rank 0); where it goes, all ranks:")
-        for phase, share in s.phase_share.items():
-            ms = sum(r.phase_ms[phase] for r in s.ranks) / len(s.ranks)
-            lines.append(f"    {phase.removesuffix('_ms'):<10}{ms:>10.2f} ms {share:>7.1%}")
-        del step_ms
-        if len(s.ranks) > 1:
+        lines.append(f"  step time: median {st['median_ms']:,.2f} ms; where it goes, mean over all ranks:")
+        for phase, v in st["phases"].items():
+            lines.append(f"    {phase:<10}{v['ms']:>10.2f} ms {v['share']:>7.1%}")
+        if len(st["per_rank"]) > 1:
             lines.append(
                 "  per rank median step: "
-                + ", ".join(f"rank {r.rank} {r.median_step_ms:.2f} ms" for r in s.ranks)
+                + ", ".join(f"rank {p['rank']} {p['median_ms']:.2f} ms" for p in st["per_rank"])
             )
-    tel = s.telemetry
     hw = []
-    if "process_cpu_percent_mean" in tel:
-        hw.append(f"process CPU {tel['process_cpu_percent_mean']:.0f}% (100% = one core)")
-    if "process_rss_bytes_max" in tel:
-        hw.append(f"peak RSS {_mib(tel['process_rss_bytes_max'])}")
-    if "gpu_util_percent_mean" in tel:
-        hw.append(f"GPU utilization {tel['gpu_util_percent_mean']:.0f}%")
-    if "gpu_power_w_mean" in tel:
-        hw.append(f"GPU power {tel['gpu_power_w_mean']:.0f} W")
+    procs = r["telemetry"]["processes"]
+    cpu = [p["cpu_percent_mean"] for p in procs if p["cpu_percent_mean"] is not None]
+    rss = [p["rss_bytes_max"] for p in procs if p["rss_bytes_max"] is not None]
+    if cpu:
+        hw.append(f"process CPU {sum(cpu) / len(cpu):.0f}% per rank (100% = one core)")
+    if rss:
+        hw.append(f"peak RSS {_mib(max(rss))}")
+    for gpu in r["telemetry"]["gpus"]:
+        if gpu["util_percent_mean"] is not None:
+            hw.append(f"GPU {gpu['index']} utilization {gpu['util_percent_mean']:.0f}%")
     if hw:
         lines.append("  hardware: " + ", ".join(hw))
-    if s.warnings:
+    if r["findings"]:
+        lines.append("")
+        lines.append("  findings:")
+        lines.extend(f"    - {f['severity']}: {f['title']}. {f['evidence']}" for f in r["findings"])
+    if r["warnings"]:
         lines.append("")
         lines.append("  warnings:")
-        lines.extend(f"    - {w}" for w in s.warnings)
+        lines.extend(f"    - {w}" for w in r["warnings"])
     return "\n".join(lines)
+
+
+def _write_report(run_dir: Path, out_dir: Path | None, formats: str) -> int:
+    from tuneup.record import RunRecordError
+    from tuneup.report import ReportError, write_report
+
+    try:
+        written = write_report(run_dir, out_dir, formats)
+    except (RunRecordError, ReportError) as exc:
+        raise UsageError(str(exc)) from None
+    for path in written.files:
+        if path.suffix != ".png":
+            print(f"wrote {path}")
+    plots = [p for p in written.files if p.suffix == ".png"]
+    if plots:
+        print(f"wrote {len(plots)} plot(s) beside them in {written.out_dir}")
+    for finding in written.findings:
+        print(f"{finding['severity']}: {finding['title']}")
+    if written.warnings:
+        # The report holds them in full; one line each here so a CI log shows them too.
+        for warning in written.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    return _write_report(Path(args.run_dir), Path(args.out) if args.out else None, args.format)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -124,7 +157,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(format_summary(run_dir))
         print()
         print(f"run record: {run_dir}")
-        print(f"see it again with: tuneup show {run_dir}")
+        _write_report(run_dir, config.out_dir, "html,md,json")
+        print(f"open {config.out_dir / 'report.html'} in a browser, or read {config.out_dir / 'report.md'}")
     return 0
 
 
@@ -136,6 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tuneup {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+
+    report = sub.add_parser(
+        "report",
+        help="write the run's report as HTML, Markdown and JSON, with plots",
+        description="Write the report of a recorded run: one self-contained HTML page, Markdown for a CI "
+        "job summary or PR comment (plots as PNG files beside it), and versioned JSON for machines.",
+    )
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by TuneupCallback")
+    report.add_argument("-o", "--out", metavar="OUT_DIR", help="where to write (default: reports/<run id>/)")
+    report.add_argument(
+        "--format", default="html,md,json", help="comma-separated: html, md, json (default: %(default)s)"
+    )
+    report.set_defaults(func=cmd_report)
 
     show = sub.add_parser("show", help="headline figures and warnings of a recorded run")
     show.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by TuneupCallback")
@@ -174,6 +221,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tuneup: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if os.environ.get("TUNEUP_DEBUG"):
+            raise
+        # A bug of tuneup's, not the user's input: say so in one line, and how to see the traceback.
+        print(
+            f"tuneup {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with TUNEUP_DEBUG=1 for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

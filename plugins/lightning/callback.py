@@ -207,18 +207,21 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._trainer = trainer
         self._rank = int(trainer.global_rank)
         self._world_size = int(trainer.world_size)
-        run_dir: str | None = None
+        where: tuple[str, str] | None = None
         if self._rank == 0:
+            run_id = _new_run_id()
             if self.dirpath is not None:
-                run_dir = str(_free_run_dir(self.dirpath))
+                run_dir = _free_run_dir(self.dirpath)
+                # A directory the user named ("run", "exp42") is not an id: the id names this run anywhere.
+                run_id = f"{run_dir.name}-{run_id}"
             else:
-                run_dir = str(Path(trainer.default_root_dir) / "tuneup" / _new_run_id())
+                run_dir = Path(trainer.default_root_dir) / "tuneup" / run_id
+            where = (str(run_dir), run_id)
         if self._world_size > 1:
             # One collective at setup, as Lightning's own loggers do; none per step.
-            run_dir = trainer.strategy.broadcast(run_dir, src=0)
-        assert run_dir is not None
-        self.run_dir = Path(run_dir)
-        self.run_id = self.run_dir.name
+            where = trainer.strategy.broadcast(where, src=0)
+        assert where is not None
+        self.run_dir, self.run_id = Path(where[0]), where[1]
         self._writer = RankWriter(self.run_dir, self._rank, self.policy)
 
     @_guarded

@@ -30,9 +30,15 @@ class ProcessTreeSensor:
     figure (USS/PSS) costs a read of every process's smaps per tick.
     """
 
-    def __init__(self, name: str = "process", pid: int | None = None) -> None:
+    def __init__(self, name: str = "process", pid: int | None = None, children_every_n: int = 5) -> None:
         self.name = name
         self._root = psutil.Process(pid)
+        # Listing descendants reads every entry of /proc (milliseconds on a busy node, with the GIL held
+        # in psutil's Python code, which the training thread then waits for): do it every Nth tick and
+        # follow the known processes in between. A new dataloader worker shows up within N ticks.
+        self._children_every_n = max(1, children_every_n)
+        self._ticks = 0
+        self._children: list[psutil.Process] = []
         # pid -> (process, cpu seconds at the last tick, wall time of the last tick). Keeping the Process
         # objects lets psutil detect pid reuse (it compares creation times) across ticks.
         self._tracked: dict[int, tuple[psutil.Process, float, float]] = {}
@@ -47,10 +53,13 @@ class ProcessTreeSensor:
 
     def sample(self) -> dict[str, object] | None:
         now = time.time()
-        try:
-            children = self._root.children(recursive=True)
-        except _GONE:
-            return None  # the process we watch has exited: nothing left to say
+        if self._ticks % self._children_every_n == 0:
+            try:
+                self._children = self._root.children(recursive=True)
+            except _GONE:
+                return None  # the process we watch has exited: nothing left to say
+        self._ticks += 1
+        children = self._children
         cpu_percent: float | None = None
         rss_bytes = 0
         num_threads = 0
@@ -75,6 +84,8 @@ class ProcessTreeSensor:
                     rss = process.memory_info().rss
                     threads = process.num_threads()
             except _GONE:
+                if found is self._root:
+                    return None  # the process we watch has exited: nothing left to say
                 continue  # exited between listing and reading; its last tick already counted it
             rss_bytes += rss
             num_threads += threads

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tuneup._log import warn_once
+from tuneup._stats import quantile
 from tuneup.record.schema import (
     EVENTS_FILE,
     INFO_FILE,
@@ -121,24 +122,14 @@ def write_manifest(run_dir: str | os.PathLike[str], manifest: Mapping[str, Any])
     return path
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    # Linear interpolation between closest ranks, as numpy's default; no numpy import on this path.
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def summarize(values: list[float]) -> dict[str, float]:
     """n, mean, p50, p95 and max of `values` (non-empty), to 6 significant digits."""
     ordered = sorted(values)
     return {
         "n": len(ordered),
         "mean": _sig6(sum(ordered) / len(ordered)),
-        "p50": _sig6(_quantile(ordered, 0.50)),
-        "p95": _sig6(_quantile(ordered, 0.95)),
+        "p50": _sig6(quantile(ordered, 0.50)),
+        "p95": _sig6(quantile(ordered, 0.95)),
         "max": _sig6(ordered[-1]),
     }
 

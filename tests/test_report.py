@@ -1,0 +1,164 @@
+"""`tuneup report` on a real recorded 2-rank DDP run, and on every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from tuneup.report import report_schema, write_report
+from tuneup.report.artifacts import SECTIONS
+
+from conftest import run_workload
+from synthetic import make_run
+
+
+class SectionParser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: list[str] = []
+        self.images: list[str] = []
+        self.scripts = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "section" and a.get("id"):
+            self.sections.append(a["id"] or "")
+        if tag == "img":
+            self.images.append(a.get("src") or "")
+        if tag == "script":
+            self.scripts += 1
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ddp") / "run"
+    run_workload(
+        out,
+        "--devices",
+        "2",
+        "--strategy",
+        "ddp",
+        "--max-steps",
+        "24",
+        "--slow-step-ms",
+        "30",
+        "--slow-rank",
+        "1",
+    )
+    return out
+
+
+@pytest.mark.slow
+def test_report_of_a_real_two_rank_run_in_all_formats(straggler_run: Path, tmp_path: Path) -> None:
+    import jsonschema
+
+    written = write_report(straggler_run, tmp_path / "report")
+    names = {p.name for p in written.files}
+    assert {"report.html", "report.md", "report.json"} <= names
+    assert {"step_breakdown.png", "rank_step_time.png", "step_time.png", "throughput.png"} <= names
+
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    jsonschema.validate(report, report_schema())
+    assert report["run"]["world_size"] == 2 and report["run"]["missing_ranks"] == []
+    straggler = report["ranks"]["straggler"]
+    assert straggler["rank"] == 1 and straggler["phase"] == "forward", straggler
+
+    parser = SectionParser()
+    parser.feed((tmp_path / "report" / "report.html").read_text())
+    assert parser.sections == [sid for sid, _ in SECTIONS]
+    assert parser.images and all(src.startswith("data:image/png;base64,") for src in parser.images)
+    assert parser.scripts == 0
+
+    md = (tmp_path / "report" / "report.md").read_text()
+    positions = [md.find(f"## {title}") for _, title in SECTIONS]
+    assert -1 not in positions and positions == sorted(positions)
+    assert "](step_breakdown.png)" in md
+    for png in written.files:
+        if png.suffix == ".png":
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuneup", "report", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p / "nope", "does not exist"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "is empty"),
+        (
+            lambda p: (
+                ((p / "notarun").mkdir(), (p / "notarun" / "a.txt").write_text("x"))[0] or p / "notarun"
+            ),
+            "not a tuneup run",
+        ),
+    ],
+)
+def test_bad_paths_one_line_exit_2_and_nothing_written(tmp_path: Path, make, message: str) -> None:
+    proc = cli(str(make(tmp_path)), "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_newer_schema_exit_2(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["schema_version"] = 2
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    proc = cli(str(run), "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "upgrade tuneup" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_unknown_format_exit_2(tmp_path: Path) -> None:
+    proc = cli(str(make_run(tmp_path / "run")), "--format", "pdf", "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "unknown report format 'pdf'" in proc.stderr
+
+
+def test_truncated_stream_still_reports_and_says_so(tmp_path: Path) -> None:
+    # A run killed mid-write must stay reportable (that is when a report is wanted most): the report is
+    # written, and the cut line is named in its warnings and on stderr.
+    run = make_run(tmp_path / "run", steps=30)
+    steps = run / "rank-0" / "steps.jsonl"
+    steps.write_bytes(steps.read_bytes()[:-25])
+    proc = cli(str(run), "-o", str(tmp_path / "out"), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert "last line is incomplete" in proc.stderr and "Traceback" not in proc.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert any("incomplete" in w for w in report["warnings"]) and report["run"]["steps_recorded"] == 29
+
+
+def test_missing_rank_report_says_so_plainly(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run", world_size=3, steps=20)
+    for f in (run / "rank-2").iterdir():
+        f.unlink()
+    (run / "rank-2").rmdir()
+    proc = cli(str(run), "-o", str(tmp_path / "out"), "--format", "json,md")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["run"]["missing_ranks"] == [2]
+    assert any(f["id"] == "missing_ranks" for f in report["findings"])
+    assert "1 rank(s) left no record" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_failing_render_leaves_no_half_written_report(tmp_path: Path, monkeypatch) -> None:
+    import tuneup.report.html as html_module
+
+    run = make_run(tmp_path / "run", steps=20)
+    out = tmp_path / "out"
+    write_report(run, out, "json")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("renderer broke")
+
+    monkeypatch.setattr(html_module, "render_html", broken)
+    with pytest.raises(RuntimeError):
+        write_report(run, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the old report, whole; no new PNGs

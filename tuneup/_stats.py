@@ -1,0 +1,14 @@
+"""Quantiles, in one definition for the record's window aggregates and the report's figures alike."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-quantile of non-empty, sorted values, interpolating linearly between closest ranks (numpy's
+    default), so a p95 in a window aggregate and in a report mean the same thing."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)

@@ -1,0 +1,128 @@
+"""Reports: a recorded run as HTML, Markdown and JSON, with plots.
+
+`write_report(run_dir, out_dir, formats)` loads the run, analyses it, draws the plots and writes the
+files. Everything is rendered into a scratch directory first and moved into place only when all of it
+succeeded, one rename per file: a failure leaves the previous report (or nothing), never half a report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("html", "md", "json")
+REPORT_BASENAME = "report"
+
+
+class ReportError(Exception):
+    """The report cannot be written (bad options, unwritable output). One line, naming the fix."""
+
+
+@dataclass(slots=True)
+class WrittenReport:
+    out_dir: Path
+    files: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    findings: list[dict[str, str]] = field(default_factory=list)
+
+    def path(self, fmt: str) -> Path | None:
+        suffix = {"html": ".html", "md": ".md", "json": ".json"}[fmt]
+        return next((p for p in self.files if p.name == REPORT_BASENAME + suffix), None)
+
+
+def parse_formats(value: str | Iterable[str]) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    formats = [f.strip().lower() for f in items if f.strip()]
+    formats = ["md" if f == "markdown" else f for f in formats]
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        shown = ", ".join(unknown) or "nothing"
+        raise ReportError(
+            f"unknown report format {shown!r}; choose one or more of {', '.join(FORMATS)} (comma-separated)"
+        )
+    return tuple(dict.fromkeys(formats))
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON schema of report.json (packaged as tuneup/report/report.schema.json)."""
+    return json.loads(
+        resources.files("tuneup.report").joinpath("report.schema.json").read_text(encoding="utf-8")
+    )
+
+
+def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load and analyse a run: the report's content (what report.json holds)."""
+    from tuneup.analyze.analysis import analyze_run
+    from tuneup.record import load_run
+
+    return analyze_run(load_run(run_dir))
+
+
+def write_report(
+    run_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str] | None = None,
+    formats: str | Iterable[str] = FORMATS,
+) -> WrittenReport:
+    """Write the report of the run at `run_dir` into `out_dir` (default `reports/<run id>`).
+
+    Raises `tuneup.RunRecordError` for a run that cannot be read and `ReportError` for bad options or
+    an output directory that cannot be written.
+    """
+    wanted = parse_formats(formats)
+    report = build_report(run_dir)
+    target = Path(out_dir) if out_dir is not None else Path("reports") / report["run"]["run_id"]
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".tuneup-report-", dir=target))
+    except OSError as exc:
+        raise ReportError(
+            f"cannot write the report to {target}: {exc.strerror or exc}; pass -o with a writable directory"
+        ) from None
+    try:
+        written = _render_into(report, scratch, wanted)
+        files = []
+        for name in written:
+            os.replace(scratch / name, target / name)
+            files.append(target / name)
+    except OSError as exc:
+        raise ReportError(
+            f"cannot write the report to {target}: {exc.strerror or exc}; pass -o with a writable directory"
+        ) from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return WrittenReport(
+        out_dir=target, files=files, warnings=report["warnings"], findings=report["findings"]
+    )
+
+
+def _render_into(report: dict[str, Any], scratch: Path, formats: tuple[str, ...]) -> list[str]:
+    """Render every requested file into `scratch`; return their names, plots first."""
+    names: list[str] = []
+    plots = []
+    if "html" in formats or "md" in formats:
+        from tuneup.report.plots import render_plots
+
+        plots = render_plots(report, scratch)
+        names.extend(p.name for p in plots)
+    if "json" in formats:
+        text = json.dumps(report, indent=1, allow_nan=False)
+        (scratch / f"{REPORT_BASENAME}.json").write_text(text + "\n", encoding="utf-8")
+        names.append(f"{REPORT_BASENAME}.json")
+    if "md" in formats:
+        from tuneup.report.markdown import render_markdown
+
+        (scratch / f"{REPORT_BASENAME}.md").write_text(render_markdown(report, plots), encoding="utf-8")
+        names.append(f"{REPORT_BASENAME}.md")
+    if "html" in formats:
+        from tuneup.report.html import render_html
+
+        (scratch / f"{REPORT_BASENAME}.html").write_text(render_html(report, plots), encoding="utf-8")
+        names.append(f"{REPORT_BASENAME}.html")
+    return names

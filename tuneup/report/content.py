@@ -1,0 +1,748 @@
+"""The report's content as format-neutral blocks: `report_sections(report, plots)`.
+
+The report dict becomes paragraphs, tables, key/value lists, findings and figures, one `Section` per
+entry of `artifacts.SECTIONS`, in that order. The HTML and Markdown renderers only serialise blocks, so
+the two formats cannot drift apart in what they say, and each format escapes in one place.
+
+Strings inside blocks are plain text, never markup: the renderers escape every one of them.
+Section builders read the dict defensively (`_dig`, `_dicts`): a report from an older or newer tuneup,
+or one with a field missing, renders with dashes, never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuneup.analyze.analysis import STALL_FACTOR_OF_MEDIAN, STALL_SHARE_OF_STEP
+from tuneup.report.artifacts import SECTIONS, PlotFile
+from tuneup.report.format import (
+    MISSING,
+    byte_rate,
+    count,
+    duration,
+    energy,
+    is_number,
+    ms,
+    number,
+    pair,
+    parameters,
+    percent,
+    plural,
+    ranks_text,
+    sentence,
+    share,
+    size_bytes,
+    text,
+    unix_time,
+    with_unit,
+    yes_no,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Paragraph:
+    text: str
+    quiet: bool = False  # says why something is absent; styled as a note
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    label: str
+    value: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Headline figures, shown large."""
+
+    items: tuple[Metric, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FindingItem:
+    severity: str  # "warning", "info", or whatever a later version writes: renderers whitelist styles
+    title: str
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
+class FindingList:
+    items: tuple[FindingItem, ...]
+    empty: str = "No findings: nothing in this run crossed a threshold."
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    title: str
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    numeric: frozenset[int] = frozenset()  # columns right-aligned
+    detail: bool = False  # long reference tables: folded away until asked for
+    total: bool = False  # the last row sums up the others
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValues:
+    title: str
+    pairs: tuple[tuple[str, str], ...]
+    detail: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Bullets:
+    items: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    plot: PlotFile
+
+
+Block = Paragraph | Metrics | FindingList | Table | KeyValues | Bullets | Figure
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    id: str
+    title: str
+    blocks: tuple[Block, ...] = field(default_factory=tuple)
+
+
+NOT_MEASURED = {
+    "communication": "Not measured in this version of tuneup: communication profiling comes with a later release.",
+    "cost": "Not measured in this version of tuneup: cost figures come with a later release.",
+}
+_TIMING = {"host": "host clock", "cuda_event": "CUDA events"}
+_DATA_TIMING = {"fetch": "timed around each batch fetch", "gap": "inferred from the gap between batches"}
+
+
+def _dig(obj: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _mapping(value: Any) -> dict[Any, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+# A table with a row per rank, GPU or host folds away beyond this many rows: on a large job it would
+# bury the rest of the page, and overrun the size limit of a pull-request comment.
+FOLD_ROWS = 16
+
+
+def _table(
+    title: str, header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterable[int] = (), **kw: Any
+) -> Table:
+    body = tuple(tuple(r) for r in rows)
+    if len(body) > FOLD_ROWS:
+        kw["detail"] = True
+    return Table(title, tuple(header), body, frozenset(numeric), **kw)
+
+
+def _by_value(mapping: dict[Any, Any]) -> str:
+    """Per-rank values, one entry per distinct value: {"0": "a", "1": "b", "2": "b"} -> "a (rank 0); b (ranks 1, 2)"."""
+    groups: dict[str, list[Any]] = {}
+    for key, value in mapping.items():
+        groups.setdefault(text(value), []).append(key)
+    if len(groups) == 1 and len(mapping) > 1:
+        every = "both ranks" if len(mapping) == 2 else f"all {len(mapping):,} ranks"
+        return f"{next(iter(groups))} ({every})"
+    return "; ".join(f"{value} ({ranks_text(keys)})" for value, keys in groups.items()) or MISSING
+
+
+def _figures(section_id: str, plots: Sequence[PlotFile]) -> list[Block]:
+    return [Figure(p) for p in plots if p.section == section_id]
+
+
+def _summary(report: dict[str, Any]) -> list[Block]:
+    tp = _mapping(report.get("throughput"))
+    st = _mapping(report.get("step_time"))
+    tokens = tp.get("tokens_per_s")
+    blocks: list[Block] = [
+        Metrics(
+            (
+                Metric("Samples/s", number(tp.get("samples_per_s")), "all ranks, steady state"),
+                Metric(
+                    "Tokens/s",
+                    number(tokens),
+                    "all ranks, steady state" if is_number(tokens) else "no token count recorded",
+                ),
+                Metric("Optimizer steps/s", number(tp.get("steps_per_s")), "the slowest rank's"),
+                Metric("Median step", ms(st.get("median_ms")), f"p95 {ms(st.get('p95_ms'))}"),
+            )
+        ),
+        Paragraph(_steady_state(report)),
+        FindingList(
+            tuple(
+                FindingItem(text(f.get("severity")), text(f.get("title")), sentence(f.get("evidence")))
+                for f in _dicts(report.get("findings"))
+            )
+        ),
+    ]
+    warnings = report.get("warnings")
+    if isinstance(warnings, list) and warnings:
+        blocks.append(
+            Paragraph(
+                f"{plural(len(warnings), 'warning')} came up while the run was recorded or read: see Warnings."
+            )
+        )
+    return blocks
+
+
+def _steady_state(report: dict[str, Any]) -> str:
+    warm = _mapping(report.get("warmup"))
+    steps, recorded = warm.get("steps"), _dig(report, "run", "steps_recorded")
+    of = f" of {count(recorded)} recorded" if is_number(recorded) else ""
+    if is_number(steps) and steps > 0:
+        rule = f" ({text(warm['rule'])})" if warm.get("rule") else ""
+        first = "the first step" if steps == 1 else f"the first {count(steps)} steps"
+        verb = "is" if steps == 1 else "are"
+        return (
+            f"Steady state: {first}{of} {verb} left out as warm-up{rule}; "
+            "throughput and step times cover the steps after."
+        )
+    if is_number(steps):
+        return f"Steady state: no step was left out as warm-up; figures cover all steps{of}."
+    return "Steady state: warm-up was not determined."
+
+
+def _run(report: dict[str, Any]) -> list[Block]:
+    run = _mapping(report.get("run"))
+    hw = _mapping(run.get("hardware"))
+    params, trainable = run.get("parameters"), run.get("trainable_parameters")
+    param_text = parameters(params)
+    if is_number(trainable) and trainable != params:
+        param_text += f" ({parameters(trainable)} trainable)"
+    world, nodes = run.get("world_size"), run.get("num_nodes")
+    ranks_line = plural(int(world), "rank") if is_number(world) else MISSING
+    if is_number(nodes):
+        ranks_line += f" on {plural(int(nodes), 'node')}"
+    missing = run.get("missing_ranks")
+    if isinstance(missing, list) and missing:
+        ranks_line += f"; no record from {ranks_text(missing)}"
+    cpu = text(hw.get("cpu_model"))
+    if is_number(hw.get("cpu_count")):
+        cpu += f", {plural(int(hw['cpu_count']), 'logical CPU')}"
+    if is_number(hw.get("ram_total_bytes")):
+        cpu += f", {size_bytes(hw['ram_total_bytes'])} RAM"
+    gpu_names = hw.get("gpu_names")
+    gpus = text(gpu_names) if gpu_names else "none visible to NVML"
+    if is_number(hw.get("gpus_per_node")) and hw["gpus_per_node"]:
+        gpus += f" ({text(hw['gpus_per_node'])} per node"
+        gpus += f", driver {text(hw['driver_version'])})" if hw.get("driver_version") else ")"
+    batch, accumulate, global_batch = (
+        run.get("batch_size_per_rank"),
+        run.get("accumulate_grad_batches"),
+        run.get("global_batch_size"),
+    )
+    steps = count(run.get("steps_recorded"))
+    if run.get("last_step") is not None:
+        steps += f" (last step {text(run.get('last_step'))})"
+    timing = [_TIMING.get(str(t), text(t)) for t in run.get("timing") or []]
+    data_timing = [_DATA_TIMING.get(str(t), text(t)) for t in run.get("data_timing") or []]
+    pairs = (
+        ("Run id", text(run.get("run_id"))),
+        ("Run directory", text(run.get("path"))),
+        ("Model", text(run.get("model_class"))),
+        ("Parameters", param_text),
+        ("World size", ranks_line),
+        ("Hosts", _by_value(_mapping(run.get("hosts")))),
+        ("Strategy", text(run.get("strategy"))),
+        ("Precision", text(run.get("precision"))),
+        ("Accelerator", text(run.get("accelerator"))),
+        ("Trainer package", text(run.get("namespace"))),
+        ("Batch size per rank", text(batch)),
+        ("Gradient accumulation", _accumulation(accumulate)),
+        (
+            "Global batch",
+            f"{count(global_batch)} samples per optimizer step" if is_number(global_batch) else MISSING,
+        ),
+        ("CPU", cpu),
+        ("GPUs", gpus),
+        ("Started", unix_time(run.get("start_unix"))),
+        ("Duration", duration(run.get("duration_s"))),
+        ("Steps recorded", steps),
+        ("Status", _by_value(_mapping(run.get("status")))),
+        ("Step timing", text(timing) if timing else MISSING),
+        ("Data wait timing", text(data_timing) if data_timing else MISSING),
+    )
+    return [KeyValues("", pairs)]
+
+
+def _accumulation(value: Any) -> str:
+    if value == 1:
+        return "none (1 micro-batch per optimizer step)"
+    return f"{text(value)} micro-batches per optimizer step" if is_number(value) else text(value)
+
+
+def _throughput(report: dict[str, Any]) -> list[Block]:
+    tp = _mapping(report.get("throughput"))
+    per_rank = _dicts(tp.get("per_rank"))
+    if not per_rank:
+        return [Paragraph("No steady-state steps were recorded, so there is no throughput to show.", True)]
+
+    def row(label: str, r: dict[str, Any]) -> tuple[str, ...]:
+        return (
+            label,
+            number(r.get("samples_per_s")),
+            number(r.get("tokens_per_s")),
+            number(r.get("steps_per_s")),
+        )
+
+    rows = [row(text(r.get("rank")), r) for r in per_rank] + [row("All ranks", tp)]
+    return [
+        _table(
+            "Steady-state rates per rank",
+            ("Rank", "Samples/s", "Tokens/s", "Optimizer steps/s"),
+            rows,
+            (1, 2, 3),
+            total=True,
+        ),
+        Paragraph(
+            "Steady state, warm-up left out. For all ranks, samples and tokens add up; optimizer steps/s "
+            "is the slowest rank's, since ranks step together."
+        ),
+    ]
+
+
+def _phases(value: Any) -> list[str]:
+    return [str(k) for k in _mapping(value)]
+
+
+def _step_time(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[Block]:
+    st = _mapping(report.get("step_time"))
+    phases = _mapping(st.get("phases"))
+    blocks: list[Block] = []
+    if not phases:
+        blocks.append(Paragraph("No steady-state steps were recorded, so step time cannot be split.", True))
+    else:
+        blocks.append(
+            Paragraph(
+                f"Over all ranks' steady-state steps: median {ms(st.get('median_ms'))}, "
+                f"mean {ms(st.get('mean_ms'))}, p95 {ms(st.get('p95_ms'))}."
+            )
+        )
+        rows = [(name, ms(_dig(p, "ms")), share(_dig(p, "share"))) for name, p in phases.items()]
+        rows.append(
+            ("whole step", ms(st.get("mean_ms")), share(1.0) if is_number(st.get("mean_ms")) else MISSING)
+        )
+        blocks.append(
+            _table("All ranks: mean per step", ("Phase", "Time", "Share of step"), rows, (1, 2), total=True)
+        )
+    per_rank = _dicts(st.get("per_rank"))
+    if len(per_rank) > 1:
+        names = list(dict.fromkeys(n for r in per_rank for n in _phases(r.get("phase_mean_ms"))))
+        rows = []
+        for r in per_rank:
+            means = _mapping(r.get("phase_mean_ms"))
+            values = [means.get(n) for n in names]
+            total = sum(values) if values and all(is_number(v) for v in values) else None
+            rows.append((text(r.get("rank")), *(ms(v) for v in values), ms(total)))
+        blocks.append(
+            _table(
+                "Per rank: mean per step",
+                ("Rank", *names, "whole step"),
+                rows,
+                range(1, len(names) + 2),
+            )
+        )
+    return blocks + _figures("step-time", plots)
+
+
+def _timeseries(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[Block]:
+    ts = _mapping(report.get("timeseries"))
+    blocks: list[Block] = []
+    loss = _mapping(ts.get("loss"))
+    steps, values = loss.get("step"), loss.get("values")
+    if isinstance(steps, list) and isinstance(values, list) and steps and len(steps) == len(values):
+        blocks.append(
+            Paragraph(
+                f"Loss went from {number(values[0])} at step {text(steps[0])} "
+                f"to {number(values[-1])} at step {text(steps[-1])}."
+            )
+        )
+    figures = _figures("timeseries", plots)
+    if not figures:
+        return [*blocks, Paragraph("No plots were drawn for this section.", True)]
+    source = ts.get("source")
+    if source == "steps":
+        blocks.append(Paragraph("The curves show every recorded step, warm-up included."))
+    elif source == "windows":
+        blocks.append(
+            Paragraph(
+                "The run was longer than the per-step record keeps, so the curves show one point per "
+                "window of steps (the window's mean)."
+            )
+        )
+    return blocks + figures
+
+
+def _gpu_names(report: dict[str, Any]) -> dict[str, str]:
+    """GPU names by PCI bus id, from the manifest's NVML inventory (telemetry entries carry no name)."""
+    inventory = _dicts(_dig(report, "environment", "gpus", "gpus"))
+    return {str(g["pci_bus_id"]): text(g.get("name")) for g in inventory if g.get("pci_bus_id")}
+
+
+def _gpu_table(report: dict[str, Any], gpus: list[dict[str, Any]]) -> Table:
+    by_bus = _gpu_names(report)
+    names = [by_bus.get(str(g.get("bus_id")), MISSING) for g in gpus]
+    # Columns that would repeat one value down every row move into the title, keeping the table narrow.
+    multi_host = len({text(g.get("host")) for g in gpus}) > 1
+    multi_name = len(set(names)) > 1
+    header = ["GPU"] + ["Host"] * multi_host + ["Name"] * multi_name
+    rows = []
+    for g, name in zip(gpus, names, strict=True):
+        throttle = g.get("throttle_reasons")
+        rows.append(
+            (
+                text(g.get("index")) + (" (lost)" if g.get("lost") is True else ""),
+                *[text(g.get("host"))] * multi_host,
+                *[name] * multi_name,
+                pair(percent(g.get("util_percent_mean"), 0), percent(g.get("util_percent_max"), 0)),
+                pair(size_bytes(g.get("mem_used_bytes_max")), size_bytes(g.get("mem_total_bytes"))),
+                pair(with_unit(g.get("power_w_mean"), "W", 0), with_unit(g.get("power_w_max"), "W", 0)),
+                energy(g.get("energy_j")),
+                with_unit(g.get("temp_c_max"), "°C", 0),
+                with_unit(g.get("sm_clock_mhz_mean"), "MHz", 0),
+                text(throttle) if throttle else "none",
+            )
+        )
+    first = len(header)
+    header += [
+        "Util mean / max",
+        "Memory peak / total",
+        "Power mean / max",
+        "Energy",
+        "Temp max",
+        "SM clock",
+    ]
+    header.append("Throttle reasons")
+    title = "GPUs" if multi_name or names[0] == MISSING else f"GPUs: {names[0]}"
+    if not multi_host and gpus[0].get("host"):
+        title += f" on {text(gpus[0].get('host'))}"
+    return _table(title, header, rows, range(first, first + 6))
+
+
+def _hardware(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[Block]:
+    tel = _mapping(report.get("telemetry"))
+    blocks: list[Block] = []
+    if is_number(tel.get("samples")):
+        blocks.append(Paragraph(f"From {plural(int(tel['samples']), 'telemetry sample')}."))
+    gpus = _dicts(tel.get("gpus"))
+    if gpus:
+        blocks.append(_gpu_table(report, gpus))
+    elif _dig(report, "run", "hardware", "gpu_names"):
+        blocks.append(Paragraph("No GPU telemetry: the run's GPUs were not sampled through NVML.", True))
+    else:
+        blocks.append(Paragraph("No GPU telemetry: the run had no NVML-visible GPU.", True))
+
+    processes = _dicts(tel.get("processes"))
+    if processes:
+        rows = [
+            (text(p.get("rank")), percent(p.get("cpu_percent_mean")), size_bytes(p.get("rss_bytes_max")))
+            for p in processes
+        ]
+        blocks.append(
+            _table(
+                "Training processes (each rank with its children)",
+                ("Rank", "CPU mean", "Peak RSS"),
+                rows,
+                (1, 2),
+            )
+        )
+        blocks.append(Paragraph("CPU % counts one fully busy core as 100%."))
+    else:
+        blocks.append(Paragraph("No process telemetry was recorded.", True))
+
+    hosts = _dicts(tel.get("hosts"))
+    if hosts:
+        rows, nic_rows = [], []
+        for h in hosts:
+            nics = _mapping(h.get("net_bytes_per_s"))
+            # Loopback carries the ranks' own traffic on one host; the host's network is everything else.
+            outside = [v for k, v in nics.items() if not str(k).startswith("lo") and isinstance(v, dict)]
+            recv = [v.get("recv_bytes_per_s") for v in outside]
+            sent = [v.get("sent_bytes_per_s") for v in outside]
+            rows.append(
+                (
+                    text(h.get("host")),
+                    percent(h.get("cpu_percent_mean")),
+                    size_bytes(h.get("mem_used_bytes_max")),
+                    size_bytes(h.get("mem_total_bytes")),
+                    byte_rate(h.get("disk_read_bytes_per_s")),
+                    byte_rate(h.get("disk_write_bytes_per_s")),
+                    byte_rate(sum(recv)) if recv and all(is_number(v) for v in recv) else MISSING,
+                    byte_rate(sum(sent)) if sent and all(is_number(v) for v in sent) else MISSING,
+                )
+            )
+            for nic, v in nics.items():
+                v = _mapping(v)
+                nic_rows.append(
+                    (
+                        text(h.get("host")),
+                        text(nic),
+                        byte_rate(v.get("recv_bytes_per_s")),
+                        byte_rate(v.get("sent_bytes_per_s")),
+                    )
+                )
+        header = (
+            "Host",
+            "CPU mean",
+            "Memory peak",
+            "Memory total",
+            "Disk read",
+            "Disk write",
+            "Net received",
+            "Net sent",
+        )
+        blocks.append(_table("Hosts", header, rows, range(1, 8)))
+        blocks.append(Paragraph("Host CPU % is of all the host's cores; network excludes loopback."))
+        if nic_rows:
+            blocks.append(
+                _table(
+                    "Network interfaces",
+                    ("Host", "Interface", "Received", "Sent"),
+                    nic_rows,
+                    (2, 3),
+                    detail=True,
+                )
+            )
+    else:
+        blocks.append(Paragraph("No host telemetry was recorded.", True))
+    return blocks + _figures("hardware", plots)
+
+
+def _ranks(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[Block]:
+    per_rank = _dicts(_dig(report, "step_time", "per_rank"))
+    hosts = _mapping(_dig(report, "run", "hosts"))
+    blocks: list[Block] = []
+    if per_rank:
+        names = list(dict.fromkeys(n for r in per_rank for n in _phases(r.get("phase_median_ms"))))
+        rows = [
+            (
+                text(r.get("rank")),
+                text(hosts.get(str(r.get("rank")))),
+                count(r.get("steps")),
+                ms(r.get("median_ms")),
+                ms(r.get("p95_ms")),
+                *(ms(_mapping(r.get("phase_median_ms")).get(n)) for n in names),
+            )
+            for r in per_rank
+        ]
+        header = ("Rank", "Host", "Steps", "Median step", "p95 step", *names)
+        blocks.append(
+            _table(
+                "Steady-state steps per rank; phase columns are medians",
+                header,
+                rows,
+                range(2, 5 + len(names)),
+            )
+        )
+    straggler = _dig(report, "ranks", "straggler")
+    if isinstance(straggler, dict):
+        blocks.append(
+            FindingList(
+                (
+                    FindingItem(
+                        "warning",
+                        f"Straggler: rank {text(straggler.get('rank'))}, in {text(straggler.get('phase'))}",
+                        sentence(straggler.get("summary")),
+                    ),
+                )
+            )
+        )
+    elif len(per_rank) > 1:
+        blocks.append(
+            Paragraph("No straggler: no rank's own work is slower than the others' by a share that matters.")
+        )
+    else:
+        blocks.append(
+            Paragraph("Only one rank recorded steady-state steps: there is nothing to compare.", True)
+        )
+    return blocks + _figures("ranks", plots)
+
+
+def _data_loader(report: dict[str, Any]) -> list[Block]:
+    dl = _mapping(report.get("data_loader"))
+    if not dl:
+        return [Paragraph("The report holds no data-loader figures.", True)]
+    stall_total = dl.get("stall_total_ms")
+    stalls = f"{count(dl.get('stall_count'))}"
+    if is_number(dl.get("stall_count")) and dl["stall_count"]:
+        stalls += f", {ms(stall_total)} in all"
+    pairs = (
+        ("Median data wait per step", ms(dl.get("median_data_ms"))),
+        (
+            "Stall threshold",
+            f"{ms(dl.get('stall_threshold_ms'))} (the larger of {number(STALL_FACTOR_OF_MEDIAN, 0)}× the "
+            f"median data wait and {STALL_SHARE_OF_STEP:.0%} of the median step)",
+        ),
+        ("Stalls", stalls),
+        ("Batch size", text(dl.get("batch_size"))),
+        ("num_workers", text(dl.get("num_workers"))),
+        ("pin_memory", text(dl.get("pin_memory"))),
+        ("persistent_workers", text(dl.get("persistent_workers"))),
+    )
+    blocks: list[Block] = [KeyValues("", pairs)]
+    worst = _dicts(dl.get("worst_stalls"))
+    if worst:
+        rows = [
+            (text(s.get("rank")), text(s.get("step")), ms(s.get("data_ms")), ms(s.get("wall_ms")))
+            for s in worst
+        ]
+        blocks.append(_table("Worst stalls", ("Rank", "Step", "Data wait", "Step time"), rows, (2, 3)))
+    return blocks
+
+
+def _later(report: dict[str, Any], section_id: str) -> list[Block]:
+    value = report.get(section_id)
+    if not isinstance(value, dict):
+        return [Paragraph(NOT_MEASURED[section_id], True)]
+    # A later tuneup fills this in; until the renderers learn its shape, show its plain figures.
+    pairs = tuple((str(k), by_name(k, v)) for k, v in value.items() if not isinstance(v, (dict, list)))
+    return [KeyValues("", pairs)] if pairs else [Paragraph("No figures in this section.", True)]
+
+
+def by_name(key: object, value: object) -> str:
+    """A value shown by what its name says it is: the report's names end in their unit."""
+    name = str(key)
+    if name.endswith("_bytes"):
+        return size_bytes(value)
+    if name.endswith("_bytes_per_s"):
+        return byte_rate(value)
+    if name.endswith("_unix"):
+        return unix_time(value)
+    if name.endswith("_ms"):
+        return ms(value)
+    if name.endswith("_s"):
+        return duration(value)
+    return text(value)
+
+
+def _kv(title: str, value: Any, detail: bool = False) -> KeyValues | Paragraph:
+    mapping = _mapping(value)
+    if not mapping:
+        return Paragraph(f"{title}: not recorded.", True)
+    return KeyValues(title, tuple((str(k), by_name(k, v)) for k, v in mapping.items()), detail)
+
+
+def _environment(report: dict[str, Any]) -> list[Block]:
+    env = _mapping(report.get("environment"))
+    blocks: list[Block] = [_kv("Versions", env.get("versions"))]
+    git = env.get("git")
+    if isinstance(git, dict):
+        blocks.append(
+            KeyValues(
+                "Git",
+                (
+                    ("Commit", text(git.get("commit"))),
+                    ("Branch", text(git.get("branch"))),
+                    ("Uncommitted changes", yes_no(git.get("dirty"))),
+                    ("Remote", text(git.get("remote"))),
+                ),
+            )
+        )
+    else:
+        blocks.append(Paragraph("Git: the training script was not in a git checkout.", True))
+    blocks.append(_kv("Seeds", env.get("seeds")))
+    blocks.append(_kv("Host", env.get("host")))
+    inventory = _dicts(_dig(env, "gpus", "gpus"))
+    if inventory:
+        rows = [
+            (
+                text(g.get("index")),
+                text(g.get("name")),
+                text(g.get("pci_bus_id")),
+                size_bytes(g.get("memory_total_bytes")),
+            )
+            for g in inventory
+        ]
+        gpus = _mapping(env.get("gpus"))
+        title = f"GPUs (driver {text(gpus.get('driver_version'))}, CUDA driver {text(gpus.get('cuda_driver_version'))})"
+        blocks.append(_table(title, ("Index", "Name", "PCI bus id", "Memory"), rows, (3,)))
+    variables = _mapping(env.get("env"))
+    if variables:
+        rows = [(str(k), text(v)) for k, v in sorted(variables.items(), key=lambda kv: str(kv[0]))]
+        blocks.append(
+            _table(
+                "Environment variables (allow-listed, secrets redacted)",
+                ("Variable", "Value"),
+                rows,
+                detail=True,
+            )
+        )
+    else:
+        blocks.append(Paragraph("Environment variables: none captured.", True))
+    blocks.append(_kv("Trainer configuration", env.get("trainer"), detail=True))
+    blocks.append(_kv("Data loader configuration", env.get("dataloader"), detail=True))
+    return blocks
+
+
+def _warnings(report: dict[str, Any]) -> list[Block]:
+    warnings = report.get("warnings")
+    if isinstance(warnings, list) and warnings:
+        return [Bullets(tuple(text(w) for w in warnings))]
+    return [Paragraph("No warnings were recorded.", True)]
+
+
+def report_sections(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[Section]:
+    """The report as blocks, one section per `artifacts.SECTIONS` entry, in page order."""
+    report = _mapping(report)
+    built: dict[str, list[Block]] = {
+        "summary": _summary(report),
+        "run": _run(report),
+        "throughput": _throughput(report),
+        "step-time": _step_time(report, plots),
+        "timeseries": _timeseries(report, plots),
+        "hardware": _hardware(report, plots),
+        "ranks": _ranks(report, plots),
+        "data-loader": _data_loader(report),
+        "communication": _later(report, "communication"),
+        "cost": _later(report, "cost"),
+        "environment": _environment(report),
+        "warnings": _warnings(report),
+    }
+    # A section added to SECTIONS before it has a builder still appears, with its plots.
+    return [
+        Section(
+            sid,
+            title,
+            tuple(built.get(sid) or _figures(sid, plots) or [Paragraph("Nothing to show yet.", True)]),
+        )
+        for sid, title in SECTIONS
+    ]
+
+
+def page_title(report: dict[str, Any]) -> str:
+    return f"tuneup report: {text(_dig(report, 'run', 'run_id'))}"
+
+
+def page_subtitle(report: dict[str, Any]) -> str:
+    """One line under the page title: which run, which model, when."""
+    run = _mapping(_mapping(report).get("run"))
+    parts = [
+        f"Run {text(run.get('run_id'))}",
+        text(run.get("model_class")),
+        f"{plural(run['world_size'], 'rank')}" if is_number(run.get("world_size")) else MISSING,
+        text(run.get("strategy")),
+        f"started {unix_time(run.get('start_unix'))}",
+    ]
+    return " · ".join(parts)
+
+
+def generated_line(report: dict[str, Any]) -> str:
+    report = _mapping(report)
+    return (
+        f"Generated {unix_time(report.get('generated_unix'))} by tuneup {text(report.get('tuneup_version'))}, "
+        f"report schema {text(report.get('report_schema_version'))}."
+    )

@@ -1,0 +1,272 @@
+"""The report as one self-contained HTML page: inline CSS, plots as data: URIs, no script, no network.
+
+Escaping is the default, not a step to remember: markup is built only with `_el` and `_void`, which
+escape every child and attribute value that is not already `_Html` (markup made by those two helpers).
+A Content-Security-Policy in the page itself backs this up: even injected markup could neither run
+script nor fetch anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tuneup.report.artifacts import PlotFile
+from tuneup.report.content import (
+    Block,
+    Bullets,
+    Figure,
+    FindingList,
+    KeyValues,
+    Metrics,
+    Paragraph,
+    Section,
+    Table,
+    generated_line,
+    page_subtitle,
+    page_title,
+    report_sections,
+)
+
+
+class _Html(str):
+    """Markup made here, safe to place as is. Any other str is text and gets escaped."""
+
+    __slots__ = ()
+
+
+def _e(value: object) -> _Html:
+    return value if isinstance(value, _Html) else _Html(html.escape(str(value), quote=True))
+
+
+def _attrs(attrs: dict[str, object]) -> str:
+    # Python names cannot be "class": callers write class_; a None value leaves the attribute out.
+    return "".join(
+        f' {name.rstrip("_").replace("_", "-")}="{html.escape(str(value), quote=True)}"'
+        for name, value in attrs.items()
+        if value is not None
+    )
+
+
+def _el(tag: str, *children: object, **attrs: object) -> _Html:
+    return _Html(f"<{tag}{_attrs(attrs)}>{''.join(_e(c) for c in children)}</{tag}>")
+
+
+def _void(tag: str, **attrs: object) -> _Html:
+    return _Html(f"<{tag}{_attrs(attrs)}>")
+
+
+def _join(parts: Sequence[object], sep: str = "\n") -> _Html:
+    return _Html(sep.join(_e(p) for p in parts))
+
+
+# Only image formats a browser shows in <img> without running anything; SVG could carry script.
+_IMAGE_TYPES = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def _figure(plot: PlotFile) -> _Html:
+    try:
+        data = Path(plot.path).read_bytes()
+    except OSError as exc:
+        return _el("p", f"Plot “{plot.title}” could not be read ({type(exc).__name__}).", class_="note")
+    mime = next((m for magic, m in _IMAGE_TYPES if data.startswith(magic)), None)
+    if mime is None:
+        return _el(
+            "p", f"Plot “{plot.title}” is not a PNG, JPEG or GIF image and is left out.", class_="note"
+        )
+    uri = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+    return _el(
+        "figure",
+        _void("img", src=uri, alt=plot.caption),
+        # The plot draws its own title: the caption says how to read it.
+        _el("figcaption", plot.caption),
+    )
+
+
+_SEVERITY_CLASS = {"warning": "warning", "info": "info"}
+
+
+def _findings(block: FindingList) -> _Html:
+    if not block.items:
+        return _el("p", block.empty, class_="note")
+    items = [
+        _el(
+            "li",
+            _el("span", f.severity, class_=f"badge {_SEVERITY_CLASS.get(f.severity, 'other')}"),
+            " ",
+            _el("strong", f.title),
+            _el("p", f.evidence),
+            class_=f"finding {_SEVERITY_CLASS.get(f.severity, 'other')}",
+        )
+        for f in block.items
+    ]
+    return _el("ul", _join(items), class_="findings")
+
+
+def _caption(title: str) -> _Html:
+    return _el("h3", title) if title else _Html("")
+
+
+def _titled(title: str, body: _Html, detail: bool) -> _Html:
+    if detail:
+        # Long reference tables (configuration, environment) stay one click away; find-in-page still
+        # searches them.
+        return _el("details", _el("summary", title or "Details"), body)
+    return _Html(_caption(title) + body)
+
+
+def _table(block: Table) -> _Html:
+    def cell(tag: str, i: int, value: str) -> _Html:
+        return _el(tag, value, class_="num" if i in block.numeric else None)
+
+    head = _el("tr", *(cell("th", i, h) for i, h in enumerate(block.header)))
+    last = len(block.rows) - 1
+    body = [
+        _el(
+            "tr",
+            *(cell("td", i, v) for i, v in enumerate(row)),
+            class_="total" if block.total and n == last else None,
+        )
+        for n, row in enumerate(block.rows)
+    ]
+    table = _el("table", _el("thead", head), _el("tbody", _join(body)))
+    return _titled(block.title, _el("div", table, class_="scroll"), block.detail)
+
+
+def _key_values(block: KeyValues) -> _Html:
+    rows = [_el("tr", _el("th", k, scope="row"), _el("td", v)) for k, v in block.pairs]
+    return _titled(block.title, _el("table", _el("tbody", _join(rows)), class_="kv"), block.detail)
+
+
+def _metrics(block: Metrics) -> _Html:
+    cards = [
+        _el(
+            "div",
+            _el("div", m.label, class_="label"),
+            _el("div", m.value, class_="value"),
+            _el("div", m.detail, class_="detail"),
+            class_="metric",
+        )
+        for m in block.items
+    ]
+    return _el("div", _join(cards), class_="metrics")
+
+
+def _block(block: Block) -> _Html:
+    if isinstance(block, Paragraph):
+        return _el("p", block.text, class_="note" if block.quiet else None)
+    if isinstance(block, Metrics):
+        return _metrics(block)
+    if isinstance(block, FindingList):
+        return _findings(block)
+    if isinstance(block, Table):
+        return _table(block)
+    if isinstance(block, KeyValues):
+        return _key_values(block)
+    if isinstance(block, Bullets):
+        return _el("ul", _join([_el("li", item) for item in block.items]), class_="plain")
+    if isinstance(block, Figure):
+        return _figure(block.plot)
+    raise TypeError(f"no HTML for block {type(block).__name__}")
+
+
+def _section(section: Section) -> _Html:
+    return _el("section", _el("h2", section.title), _join([_block(b) for b in section.blocks]), id=section.id)
+
+
+# System fonts only: a web font would be a network fetch.
+_CSS = """
+:root { color-scheme: light; --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --soft: #f6f8fa;
+  --accent: #0b5cad; --warn: #9a6700; --warn-bg: #fff8c5; --info: #0b5cad; --info-bg: #ddf4ff; }
+* { box-sizing: border-box; }
+body { margin: 0; color: var(--fg); background: #fff; line-height: 1.5;
+  font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+main { max-width: 1120px; margin: 0 auto; padding: 24px 32px 64px; }
+header h1 { margin: 0 0 4px; font-size: 26px; }
+header p { margin: 0; color: var(--muted); }
+nav.toc { margin: 20px 0 8px; padding: 12px 16px; background: var(--soft); border: 1px solid var(--line);
+  border-radius: 8px; }
+nav.toc ol { margin: 0; padding: 0; list-style: none; display: flex; flex-wrap: wrap; gap: 4px 18px; }
+nav.toc a { color: var(--accent); text-decoration: none; }
+nav.toc a:hover { text-decoration: underline; }
+section { margin-top: 36px; }
+h2 { font-size: 20px; border-bottom: 1px solid var(--line); padding-bottom: 6px; margin: 0 0 12px; }
+h3 { font-size: 15px; margin: 20px 0 6px; }
+p { margin: 8px 0; }
+p.note { color: var(--muted); font-style: italic; }
+.scroll { overflow-x: auto; }
+.scroll td { white-space: nowrap; }
+table { border-collapse: collapse; margin: 6px 0 12px; font-size: 14px; }
+th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
+thead th { background: var(--soft); font-weight: 600; border-bottom: 2px solid var(--line); white-space: nowrap; }
+tbody tr:nth-child(even) > * { background: #fbfcfd; }
+tr.total td { font-weight: 600; border-top: 2px solid var(--line); }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.kv th { font-weight: 600; color: var(--muted); white-space: nowrap; }
+table.kv td { overflow-wrap: anywhere; min-width: 16em; }
+details { margin: 14px 0; }
+summary { cursor: pointer; font-weight: 600; }
+details[open] > summary { margin-bottom: 6px; }
+.metrics { display: grid; grid-template-columns: repeat(auto-fit, minmax(200px, 1fr)); gap: 12px; margin: 8px 0 14px; }
+.metric { border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }
+.metric .label { color: var(--muted); font-size: 13px; }
+.metric .value { font-size: 26px; font-weight: 600; font-variant-numeric: tabular-nums; }
+.metric .detail { color: var(--muted); font-size: 12px; }
+ul.findings { list-style: none; padding: 0; margin: 10px 0; }
+li.finding { border: 1px solid var(--line); border-left-width: 4px; border-radius: 6px; padding: 8px 12px;
+  margin: 8px 0; }
+li.finding.warning { border-left-color: var(--warn); }
+li.finding.info { border-left-color: var(--info); }
+li.finding p { margin: 4px 0 0; }
+.badge { display: inline-block; font-size: 12px; font-weight: 600; border-radius: 10px; padding: 0 8px;
+  margin-right: 4px; text-transform: uppercase; letter-spacing: 0.03em; background: var(--soft); color: var(--muted); }
+.badge.warning { background: var(--warn-bg); color: var(--warn); }
+.badge.info { background: var(--info-bg); color: var(--info); }
+figure { margin: 16px 0; }
+figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
+figcaption { color: var(--muted); font-size: 14px; margin-top: 4px; }
+footer { margin-top: 48px; color: var(--muted); font-size: 13px; }
+@media print { nav.toc { display: none; } section { break-inside: avoid-page; } }
+"""
+
+# Defence in depth: no script, no fetch, images only from data: URIs, styles only from this page.
+_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+
+
+def render_html(report: dict[str, Any], plots: Sequence[PlotFile]) -> str:
+    """The whole report as one HTML5 document that opens offline."""
+    sections = report_sections(report, plots)
+    toc = _el(
+        "nav",
+        _el("ol", _join([_el("li", _el("a", s.title, href=f"#{s.id}")) for s in sections])),
+        class_="toc",
+        aria_label="Sections",
+    )
+    head = _el(
+        "head",
+        _void("meta", charset="utf-8"),
+        _void("meta", http_equiv="Content-Security-Policy", content=_CSP),
+        _void("meta", name="viewport", content="width=device-width, initial-scale=1"),
+        _void("meta", name="color-scheme", content="light"),
+        _el("title", page_title(report)),
+        _el("style", _Html(_CSS)),
+    )
+    body = _el(
+        "body",
+        _el(
+            "main",
+            _el("header", _el("h1", page_title(report)), _el("p", page_subtitle(report))),
+            toc,
+            _join([_section(s) for s in sections]),
+            _el("footer", _el("p", generated_line(report))),
+        ),
+    )
+    return "<!DOCTYPE html>\n" + _el("html", head, body, lang="en") + "\n"
