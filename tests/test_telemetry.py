@@ -600,3 +600,23 @@ def test_stop_gives_up_on_a_stuck_sensor_without_raising(caplog):
     release.set()
     assert sensor.closed == 0  # not closed under the thread that is using it
     assert any("did not stop" in r.getMessage() for r in tuneup_records(caplog))
+
+
+def test_process_tree_leaves_out_other_training_ranks_launched_as_children(monkeypatch):
+    # Lightning's DDP launcher starts rank 1 as a child of rank 0, with LOCAL_RANK=1 in its environment;
+    # a dataloader worker inherits rank 0's environment. Only the worker belongs to rank 0's tree.
+    import os
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    worker = subprocess.Popen(SLEEPER)
+    other_rank = subprocess.Popen(SLEEPER, env={**os.environ, "LOCAL_RANK": "1"})
+    try:
+        sensor = ProcessTreeSensor()
+        pids = {p.pid for p in sensor._own_descendants()}
+        assert worker.pid in pids and other_rank.pid not in pids
+        assert sensor.sample()["num_processes"] == 2  # this process and the worker
+    finally:
+        for proc in (worker, other_rank):
+            proc.kill()
+            proc.wait()

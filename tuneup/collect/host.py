@@ -6,6 +6,7 @@ late sample loses nothing; the analysis turns consecutive samples into rates.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -39,10 +40,49 @@ class ProcessTreeSensor:
         self._children_every_n = max(1, children_every_n)
         self._ticks = 0
         self._children: list[psutil.Process] = []
+        self._rank_of: dict[tuple[int, float], bool] = {}  # (pid, create time) -> is another rank
         # pid -> (process, cpu seconds at the last tick, wall time of the last tick). Keeping the Process
         # objects lets psutil detect pid reuse (it compares creation times) across ticks.
         self._tracked: dict[int, tuple[psutil.Process, float, float]] = {}
         self._track(self._root, time.time())
+
+    def _own_descendants(self) -> list[psutil.Process]:
+        """Descendants, less other training ranks and theirs.
+
+        Lightning's DDP launcher starts ranks 1..n-1 as children of rank 0: counted here they would be
+        counted twice, once in their own rank's sample. They are told apart from dataloader workers
+        (which inherit this process's environment) by a RANK or LOCAL_RANK that is not this one's.
+        """
+        own = (os.environ.get("RANK"), os.environ.get("LOCAL_RANK"))
+        keep: list[psutil.Process] = []
+        dropped: set[int] = set()
+        for child in self._root.children(recursive=True):  # parents come before their children
+            try:
+                other_rank = self._is_other_rank(child, own)
+                parent_dropped = child.ppid() in dropped
+            except _GONE:
+                continue
+            if other_rank or parent_dropped:
+                dropped.add(child.pid)
+            else:
+                keep.append(child)
+        alive = {p.pid for p in keep} | dropped
+        self._rank_of = {k: v for k, v in self._rank_of.items() if k[0] in alive}
+        return keep
+
+    def _is_other_rank(self, child: psutil.Process, own: tuple[str | None, str | None]) -> bool:
+        key = (child.pid, child.create_time())
+        known = self._rank_of.get(key)
+        if known is None:
+            try:
+                env = child.environ()
+            except psutil.AccessDenied:
+                env = {}
+            theirs = (env.get("RANK"), env.get("LOCAL_RANK"))
+            known = self._rank_of[key] = any(
+                t is not None and t != o for t, o in zip(theirs, own, strict=True)
+            )
+        return known
 
     def _track(self, process: psutil.Process, now: float) -> None:
         try:
@@ -55,7 +95,7 @@ class ProcessTreeSensor:
         now = time.time()
         if self._ticks % self._children_every_n == 0:
             try:
-                self._children = self._root.children(recursive=True)
+                self._children = self._own_descendants()
             except _GONE:
                 return None  # the process we watch has exited: nothing left to say
         self._ticks += 1
