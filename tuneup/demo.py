@@ -83,6 +83,9 @@ def build_model(learning_rate: float = 3e-3) -> Any:
             self.register_buffer(
                 "mask", nn.Transformer.generate_square_subsequent_mask(SEQ_LEN), persistent=False
             )
+            # Small embeddings, as GPT-2 does: the output head shares them, and unit-variance rows would
+            # start the loss near 100 instead of near ln(vocab) = 5.5.
+            nn.init.normal_(self.embed.weight, std=0.02)
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             x = self.embed(tokens) + self.pos[:, : tokens.shape[1]]
