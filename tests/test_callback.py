@@ -204,17 +204,19 @@ class Opaque:
         self.x, self.y = x, y
 
 
-def test_unknown_batch_type_warns_once_and_training_goes_on(tmp_path: Path, caplog) -> None:
+def opaque_workload() -> tuple[Any, DataLoader]:
+    """A model trained on Opaque batches, and their loader."""
     model = make_module("lightning")
     model.training_step = lambda batch, batch_idx: torch.nn.functional.mse_loss(model.net(batch.x), batch.y)
-    base = make_loader()
-    loader = DataLoader(
-        base.dataset,
-        batch_size=8,
-        collate_fn=lambda items: Opaque(
-            torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
-        ),
-    )
+
+    def collate(items: list[Any]) -> Opaque:
+        return Opaque(torch.stack([a for a, _ in items]), torch.stack([b for _, b in items]))
+
+    return model, DataLoader(make_loader().dataset, batch_size=8, collate_fn=collate)
+
+
+def test_unknown_batch_type_warns_once_and_training_goes_on(tmp_path: Path, caplog) -> None:
+    model, loader = opaque_workload()
     steps = load_run(
         fit("lightning", tmp_path / "run", max_steps=5, model=model, loader=loader).run_dir
     ).steps(0)
@@ -223,16 +225,7 @@ def test_unknown_batch_type_warns_once_and_training_goes_on(tmp_path: Path, capl
 
 
 def test_batch_size_fn_counts_what_inference_cannot(tmp_path: Path) -> None:
-    model = make_module("lightning")
-    model.training_step = lambda batch, batch_idx: torch.nn.functional.mse_loss(model.net(batch.x), batch.y)
-    base = make_loader()
-    loader = DataLoader(
-        base.dataset,
-        batch_size=8,
-        collate_fn=lambda items: Opaque(
-            torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
-        ),
-    )
+    model, loader = opaque_workload()
     cb = TuneupCallback(
         dirpath=tmp_path / "run", batch_size_fn=lambda b: b.x.shape[0], telemetry_interval_s=0.5
     )

@@ -15,21 +15,23 @@ def _loader() -> DataLoader:
     return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
 
 
-def _step(module: Any, batch: Any) -> Any:
-    x, y = batch
-    return torch.nn.functional.mse_loss(module.net(x), y)
+class _Tiny:
+    """The body both namespaces' models share; each class below adds only its LightningModule base."""
+
+    net: torch.nn.Module
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.net.parameters(), lr=0.01)
 
 
-class LModel(L.LightningModule):
+class LModel(_Tiny, L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        return _step(self, batch)
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 class LData(L.LightningDataModule):
@@ -37,16 +39,10 @@ class LData(L.LightningDataModule):
         return _loader()
 
 
-class PLModel(PL.LightningModule):
+class PLModel(_Tiny, PL.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        return _step(self, batch)
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 class PLData(PL.LightningDataModule):

@@ -17,6 +17,7 @@ from typing import Any
 
 from tuneup.analyze.analysis import STALL_FACTOR_OF_MEDIAN, STALL_SHARE_OF_STEP
 from tuneup.report.artifacts import SECTIONS, PlotFile
+from tuneup.report.artifacts import dig as _dig
 from tuneup.report.format import (
     MISSING,
     byte_rate,
@@ -117,14 +118,6 @@ NOT_MEASURED = {
 }
 _TIMING = {"host": "host clock", "cuda_event": "CUDA events"}
 _DATA_TIMING = {"fetch": "timed around each batch fetch", "gap": "inferred from the gap between batches"}
-
-
-def _dig(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:

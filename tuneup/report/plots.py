@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuneup._log import logger
 from tuneup.report.artifacts import PlotFile
+from tuneup.report.artifacts import dig as _dig
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -140,14 +141,6 @@ def _num(value: Any) -> float | None:
         return None
     f = float(value)
     return f if math.isfinite(f) else None
-
-
-def _dig(obj: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
 
 
 def _list(value: Any) -> list[Any]:
