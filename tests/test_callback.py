@@ -327,3 +327,19 @@ def test_second_fit_with_the_same_callback_is_a_new_run(tmp_path: Path) -> None:
     assert first == tmp_path / "run" and cb.run_dir == tmp_path / "run-1"
     assert len(load_run(first).steps(0)) == 3 and len(load_run(cb.run_dir).steps(0)) == 5
     assert load_run(cb.run_dir).ranks[0].info.closed
+
+
+def test_a_run_directory_that_cannot_be_chosen_disables_tuneup_not_training(tmp_path, caplog, monkeypatch):
+    import tuneup.plugins.lightning.callback as callback_module
+
+    def refuse(base: Path) -> Path:
+        raise PermissionError(13, "Permission denied", str(base))
+
+    monkeypatch.setattr(callback_module, "_free_run_dir", refuse)
+    trainer = make_trainer("lightning", [TuneupCallback(dirpath=tmp_path / "run")], max_steps=4)
+    trainer.fit(make_module("lightning"), make_loader())
+    assert trainer.global_step == 4
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert (
+        "cannot choose a run directory (PermissionError" in messages and "tuneup stops recording" in messages
+    )

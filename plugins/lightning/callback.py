@@ -202,27 +202,36 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if stage != "fit" or (self._writer is not None and not self._closed):
             return
         if self._closed:  # a second fit() with the same callback: a new run, never appended to the last
-            self._writer, self._clock, self._sampler, self._closed = None, None, None, False
-            self._peak_mem_bytes = None
+            self._writer, self._clock, self._sampler, self._drainer = None, None, None, None
+            self._closed, self._peak_mem_bytes = False, None
         self._trainer = trainer
         self._rank = int(trainer.global_rank)
         self._world_size = int(trainer.world_size)
         where: tuple[str, str] | None = None
         if self._rank == 0:
-            run_id = _new_run_id()
-            if self.dirpath is not None:
-                run_dir = _free_run_dir(self.dirpath)
-                # A directory the user named ("run", "exp42") is not an id: the id names this run anywhere.
-                run_id = f"{run_dir.name}-{run_id}"
-            else:
-                run_dir = Path(trainer.default_root_dir) / "tuneup" / run_id
-            where = (str(run_dir), run_id)
+            # Whatever happens here, rank 0 must reach the broadcast below: the other ranks wait in it.
+            try:
+                where = self._choose_run_dir(trainer)
+            except Exception as exc:
+                warn_once("run-dir", f"cannot choose a run directory ({type(exc).__name__}: {exc})")
         if self._world_size > 1:
             # One collective at setup, as Lightning's own loggers do; none per step.
             where = trainer.strategy.broadcast(where, src=0)
-        assert where is not None
+        if where is None:
+            self._disable("no run directory could be chosen")
+            return
         self.run_dir, self.run_id = Path(where[0]), where[1]
         self._writer = RankWriter(self.run_dir, self._rank, self.policy)
+
+    def _choose_run_dir(self, trainer: Any) -> tuple[str, str]:
+        run_id = _new_run_id()
+        if self.dirpath is not None:
+            run_dir = _free_run_dir(self.dirpath)
+            # A directory the user named ("run", "exp42") is not an id: the id names this run anywhere.
+            run_id = f"{run_dir.name}-{run_id}"
+        else:
+            run_dir = Path(trainer.default_root_dir) / "tuneup" / run_id
+        return str(run_dir), run_id
 
     @_guarded
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
