@@ -40,6 +40,7 @@ def test_wheel_installs_plugins_under_tuneup_and_no_top_level_plugins(wheel: Pat
     names = zipfile.ZipFile(wheel).namelist()
     assert "tuneup/plugins/lightning/callback.py" in names
     assert "tuneup/cli.py" in names and "tuneup/record/reader.py" in names
+    assert "tuneup/report/report.schema.json" in names and "tuneup/data/interconnects.csv" in names
     top_level = {n.split("/")[0] for n in names if not n.startswith("tuneup-")}
     assert top_level == {"tuneup"}, top_level
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from tuneup._log import info_once, warn_once
 from tuneup.collect.batch import BatchCounter
+from tuneup.collect.comm import CommProbe
 from tuneup.collect.drainer import Drainer
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
 from tuneup.plugins.lightning.fetch_tap import FetchTap, fetch_actions
@@ -114,6 +115,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         flush_every_steps, flush_every_s: how often buffered records reach the disk; a killed process
             loses at most this much.
         detail_steps, sample_every, window_steps: how much is kept (see ``RecordingPolicy``).
+        profile_communication: time every gradient collective (DDP comm hooks, FSDP gathers and
+            scatters) when more than one rank trains.
         max_lag_steps: how many steps, beyond the ``flush_every_steps`` that wait to be written anyway,
             CUDA timings may still be unreadable before tuneup waits for the device.
 
@@ -136,6 +139,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         sample_every: int = 100,
         window_steps: int = 100,
         max_lag_steps: int = 4,
+        profile_communication: bool = True,
     ) -> None:
         super().__init__()
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
@@ -166,6 +170,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self.timing = timing
         self.log_to_trainer = bool(log_to_trainer)
         self.max_lag_steps = max_lag_steps
+        self.profile_communication = bool(profile_communication)
 
         self.run_dir: Path | None = None
         self.run_id: str | None = None
@@ -185,6 +190,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._last_gpu_util: float | None = None
         self._peak_mem_bytes: int | None = None
         self._drainer: Drainer | None = None
+        self._comm: CommProbe | None = None
         self._log_queue: deque[tuple[int, dict[str, float]]] = deque()
 
     # -- failure handling --------------------------------------------------------------------------
@@ -222,6 +228,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             return
         self.run_dir, self.run_id = Path(where[0]), where[1]
         self._writer = RankWriter(self.run_dir, self._rank, self.policy)
+        if self._world_size > 1 and self.profile_communication:
+            # Now, before the strategy wraps the model: Lightning registers the DDP comm hook in
+            # strategy.setup, which runs after the callbacks' setup, and a DDP model takes one hook only.
+            self._comm = CommProbe(on_cuda=_on_cuda(trainer), world_size=self._world_size)
+            self._comm.record_all = _is_sharded(trainer.strategy)
+            self._comm.install()
 
     def _choose_run_dir(self, trainer: Any) -> tuple[str, str]:
         run_id = _new_run_id()
@@ -251,6 +263,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._write_manifest(trainer, pl_module)
         self._start_sampler(trainer)
         self._tap_fetches(trainer)
+        self._wire_ddp_hook(trainer)
         self._drainer = Drainer(
             self._clock.drain,
             interval_s=self.policy.flush_every_s,
@@ -258,7 +271,53 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             thread_init=_cuda_thread_init(self._device),
         )
         self._drainer.start()
-        self._clock.restart()
+        self._restart_clock()
+
+    def _restart_clock(self) -> None:
+        """Time before this point belongs to no step: nor do collectives issued in it (setup, validation)."""
+        if self._clock is not None:
+            self._clock.restart()
+        if self._comm is not None:
+            self._comm.take()
+
+    def _wire_ddp_hook(self, trainer: Any) -> None:
+        comm = self._comm
+        if comm is None or comm.record_all:
+            return
+        ddp_model = getattr(trainer.strategy, "model", None)
+        if ddp_model is None or not hasattr(ddp_model, "register_comm_hook"):
+            return
+        dropped = getattr(trainer.strategy, "_ddp_comm_hook", None)
+        if dropped is not None and not comm.on_cuda:
+            warn_once(
+                "ddp-hook-dropped",
+                f"Lightning ignores ddp_comm_hook off CUDA: {getattr(dropped, '__qualname__', dropped)} is not "
+                "applied in this run (tuneup times the default all-reduce). To apply a hook on CPU, register it "
+                "from on_fit_start: trainer.strategy.model.register_comm_hook(state, hook).",
+            )
+        if not comm.hook_registered:
+            comm.register_default_hook(ddp_model)
+
+    def _record_ddp_logging(self) -> None:
+        """DDP's own sampled averages (private API), kept as a cross-check of the hook timings."""
+        model = getattr(getattr(self._trainer, "strategy", None), "model", None)
+        logging_data = getattr(model, "_get_ddp_logging_data", None)
+        if logging_data is None or self._writer is None:
+            return
+        try:
+            data = logging_data()
+        except Exception:
+            return
+        keys = (
+            "avg_forward_compute_time",
+            "avg_backward_compute_time",
+            "avg_backward_comm_time",
+            "avg_backward_compute_comm_overlap_time",
+            "bucket_sizes",
+            "comm_hook",
+            "backend_name",
+        )
+        self._writer.add_event("ddp_logging", **{k: data[k] for k in keys if k in data})
 
     def _drainer_failed(self, exc: BaseException) -> None:
         # Runs on the drainer's thread: stop recording, but leave closing the record to the training
@@ -362,8 +421,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
 
     @_guarded
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        if self._clock is not None:
-            self._clock.restart()
+        self._restart_clock()
 
     @_guarded
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -411,7 +469,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         step = global_step - 1
         if step % PEAK_MEMORY_EVERY_STEPS == 0 or self._peak_mem_bytes is None:
             self._peak_mem_bytes = _peak_memory_bytes(self._device)
-        clock.close_step(step, trainer.current_epoch, peak_mem_bytes=self._peak_mem_bytes)
+        clock.close_step(
+            step,
+            trainer.current_epoch,
+            peak_mem_bytes=self._peak_mem_bytes,
+            comm=self._comm.take() if self._comm is not None else None,
+        )
         # Records are built and written on the drainer's thread (which also wakes every flush_every_s).
         if clock.pending >= self.policy.flush_every_steps and self._drainer is not None:
             self._drainer.wake()
@@ -436,7 +499,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 "validation", step=int(trainer.global_step), duration_ms=round(duration_ms, 3)
             )
         # Validation is not part of any training step: the next step's data wait starts now.
-        self._clock.restart()
+        self._restart_clock()
 
     @_guarded
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
@@ -519,6 +582,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 self._clock.drain(force=True)
                 self._log_to_trainer()
         finally:
+            if self._comm is not None:
+                self._comm.uninstall()
+                self._record_ddp_logging()
             if self._fetch_tap is not None:
                 self._fetch_tap.remove()
                 self._fetch_tap = None
@@ -528,6 +594,16 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._writer.close(status=status, data_timing=data_timing)
             if self._rank == 0 and self.run_dir is not None:
                 info_once(f"wrote:{self.run_dir}", f"run record written to {self.run_dir}")
+
+
+def _on_cuda(trainer: Any) -> bool:
+    return getattr(getattr(trainer.strategy, "root_device", None), "type", None) == "cuda"
+
+
+def _is_sharded(strategy: Any) -> bool:
+    # FSDP (Lightning's FSDPStrategy) and FSDP2 (fully_shard through ModelParallelStrategy) issue their
+    # gathers and scatters from Python: every such collective during a step is the training's.
+    return type(strategy).__name__ in {"FSDPStrategy", "ModelParallelStrategy"}
 
 
 def _cuda_thread_init(device: Any) -> Any:

@@ -51,6 +51,33 @@ def lightning_namespace(name: str) -> Any:
     return importlib.import_module("lightning.pytorch" if name == "lightning" else "pytorch_lightning")
 
 
+def user_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """A user's own DDP comm hook: average by dividing first, then summing (what allreduce_hook does).
+
+    Unannotated on purpose: DDP rejects a hook whose annotations are not the GradBucket and Future
+    classes themselves, and this module's `from __future__ import annotations` turns them into strings.
+    """
+    world = torch.distributed.get_world_size()
+    work = torch.distributed.all_reduce(bucket.buffer().div_(world), async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def comm_hook(name: str) -> tuple[Any, Any]:
+    """(state, hook) for --comm-hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "fp16":
+        return None, default_hooks.fp16_compress_hook
+    if name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2
+        )
+        return state, powerSGD_hook.powerSGD_hook
+    if name == "user":
+        return None, user_hook
+    raise ValueError(name)
+
+
 def make_module(
     namespace: str,
     *,
@@ -60,6 +87,8 @@ def make_module(
     slow_rank: int = -1,
     die_at_step: int = -1,
     manual: bool = False,
+    hook: str = "none",
+    fsdp2: bool = False,
 ) -> Any:
     L = lightning_namespace(namespace)
 
@@ -84,6 +113,21 @@ def make_module(
                 self.manual_backward(loss)
                 opt.step()
             return loss
+
+        def on_fit_start(self) -> None:
+            # Lightning ignores ddp_comm_hook off CUDA; on CPU a hook is registered on the DDP model here.
+            if hook != "none":
+                state, fn = comm_hook(hook)
+                self.trainer.strategy.model.register_comm_hook(state, fn)
+
+        def configure_model(self) -> None:
+            if fsdp2:
+                from torch.distributed.fsdp import fully_shard
+
+                for layer in self.net:
+                    if isinstance(layer, torch.nn.Linear):
+                        fully_shard(layer, mesh=self.device_mesh["data_parallel"])
+                fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -138,8 +182,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--die-at-step", type=int, default=-1)
     p.add_argument("--flush-every-steps", type=int, default=50)
     p.add_argument("--no-callback", action="store_true")
+    p.add_argument("--comm-hook", default="none", choices=["none", "fp16", "powersgd", "user"])
+    p.add_argument("--save-params", help="write the trained parameters here (torch.save), from rank 0")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    torch.manual_seed(0)
 
     from tuneup import TuneupCallback
 
@@ -152,19 +199,33 @@ def main(argv: list[str] | None = None) -> None:
             )
         ]
     )
+    fsdp2 = args.strategy == "fsdp2"
     model = make_module(
-        args.namespace, slow_step_ms=args.slow_step_ms, slow_rank=args.slow_rank, die_at_step=args.die_at_step
+        args.namespace,
+        slow_step_ms=args.slow_step_ms,
+        slow_rank=args.slow_rank,
+        die_at_step=args.die_at_step,
+        hook=args.comm_hook,
+        fsdp2=fsdp2,
     )
+    strategy: Any = args.strategy
+    if fsdp2:
+        # FSDP2 on CPU: fully_shard through ModelParallelStrategy (Lightning's FSDPStrategy refuses CPU).
+        strategy = lightning_namespace(args.namespace).strategies.ModelParallelStrategy(
+            data_parallel_size=args.devices, tensor_parallel_size=1
+        )
     trainer = make_trainer(
         args.namespace,
         callbacks,
         max_steps=args.max_steps,
         devices=args.devices,
-        strategy=args.strategy,
+        strategy=strategy,
         accumulate=args.accumulate,
         root=str(Path(args.out).parent),
     )
     trainer.fit(model, make_loader(batch_size=args.batch_size, slow_data_ms=args.slow_data_ms, n=4096))
+    if args.save_params and trainer.global_rank == 0 and not fsdp2:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.save_params)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # A gloo group left alive at interpreter exit can abort the process (see DESIGN.md).
         torch.distributed.destroy_process_group()

@@ -109,6 +109,7 @@ class PendingStep:
     grad_norm: Any
     peak_mem_bytes: int | None
     checkpoint: bool
+    comm: list[Any] | None = None  # PendingCollective of the step (tuneup.collect.comm)
 
 
 def _to_float(value: Any) -> float | None:
@@ -245,7 +246,9 @@ class StepClock:
         if loss is not None:
             self.loss = loss if self.loss is None else self.loss + loss
 
-    def close_step(self, step: int, epoch: int, peak_mem_bytes: int | None = None) -> None:
+    def close_step(
+        self, step: int, epoch: int, peak_mem_bytes: int | None = None, comm: list[Any] | None = None
+    ) -> None:
         """The optimizer step `step` is done: keep it for `drain` and start a new one."""
         if self.micro_batches and self._step_start is not None:
             self._pending.append(
@@ -264,6 +267,7 @@ class StepClock:
                     self.grad_norm,
                     peak_mem_bytes,
                     self.checkpoint,
+                    comm or None,
                 )
             )
         self._reset_step()
@@ -315,7 +319,22 @@ class StepClock:
         }
         if p.checkpoint:
             record["checkpoint"] = True
+        if p.comm:
+            from tuneup.collect.comm import resolve_collectives
+
+            collectives, summary = resolve_collectives(p.comm, self._elapsed_safely, p.start)
+            record.update(summary)
+            record["_collectives"] = collectives
         return record
+
+    def _elapsed_safely(self, start: Any, end: Any) -> float:
+        # A collective's end mark is recorded by another stream's callback; by the time its step is read
+        # it has completed, and if not, it is in the past: waiting for it costs nothing on the step.
+        try:
+            return self.timer.elapsed_ms(start, end)
+        except RuntimeError:
+            self.timer.wait(end)
+            return self.timer.elapsed_ms(start, end)
 
     def _release(self, p: PendingStep) -> None:
         # Adjacent intervals share marks, and a step's end mark is the next step's start: recycle each mark

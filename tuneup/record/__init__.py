@@ -8,6 +8,7 @@ from tuneup.record.reader import RunRecordError, load_run
 from tuneup.record.schema import (
     SCHEMA_VERSION,
     STEP_METRICS,
+    CollectiveRecord,
     Manifest,
     RankInfo,
     RankRecord,
@@ -20,6 +21,7 @@ from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
 __all__ = [
     "SCHEMA_VERSION",
     "STEP_METRICS",
+    "CollectiveRecord",
     "Manifest",
     "RankInfo",
     "RankRecord",

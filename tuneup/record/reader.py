@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tuneup.record.schema import (
+    COLLECTIVES_FILE,
     EVENTS_FILE,
     INFO_FILE,
     MANIFEST_FILE,
@@ -23,6 +24,7 @@ from tuneup.record.schema import (
     STEPS_FILE,
     TELEMETRY_FILE,
     WINDOWS_FILE,
+    CollectiveRecord,
     Manifest,
     RankInfo,
     RankRecord,
@@ -193,6 +195,36 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         grad_norm=_opt_num(obj, "grad_norm"),
         peak_mem_bytes=_opt_int(obj, "peak_mem_bytes"),
         checkpoint=bool(obj.get("checkpoint", False)),
+        comm_ms=_opt_num(obj, "comm_ms"),
+        comm_exposed_ms=_opt_num(obj, "comm_exposed_ms"),
+        comm_bytes=_opt_int(obj, "comm_bytes"),
+        comm_count=_opt_int(obj, "comm_count"),
+    )
+
+
+def _opt_str(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(key)
+    return value
+
+
+def _collective(obj: dict[str, Any]) -> CollectiveRecord:
+    kind = obj["kind"]
+    if not isinstance(kind, str):
+        raise TypeError("kind")
+    return CollectiveRecord(
+        step=int(_num(obj, "step")),
+        kind=kind,
+        bytes=int(_num(obj, "bytes")),
+        duration_ms=_num(obj, "duration_ms"),
+        dtype=_opt_str(obj, "dtype"),
+        bucket=_opt_int(obj, "bucket"),
+        world_size=_opt_int(obj, "world_size"),
+        start_ms=_opt_num(obj, "start_ms"),
+        source=_opt_str(obj, "source"),
     )
 
 
@@ -251,13 +283,16 @@ def _load_rank(run_dir: Path, rank: int, warnings: list[str]) -> RankRecord:
     windows = _typed(rank_dir / WINDOWS_FILE, warnings, _window, "window")
     telemetry = [obj for _, obj in _jsonl(rank_dir / TELEMETRY_FILE, warnings)]
     events = [obj for _, obj in _jsonl(rank_dir / EVENTS_FILE, warnings)]
+    collectives = _typed(rank_dir / COLLECTIVES_FILE, warnings, _collective, "collective")
     if not info.closed:
         last = steps[-1].step if steps else None
         where = f"at step {last}" if last is not None else "before its first recorded step"
         warnings.append(f"rank {rank} stopped {where} without closing (killed or still running)")
     for what, count in sorted(info.dropped.items()):
         warnings.append(f"rank {rank}: {count} {what} record(s) could not be written and are missing")
-    return RankRecord(info=info, steps=steps, windows=windows, telemetry=telemetry, events=events)
+    return RankRecord(
+        info=info, steps=steps, windows=windows, telemetry=telemetry, events=events, collectives=collectives
+    )
 
 
 def _not_a_run(path: Path) -> RunRecordError:

@@ -8,6 +8,7 @@ Layout of a run directory::
     rank-<r>/windows.jsonl     one line per window of steps: count, mean, p50, p95, max of every metric
     rank-<r>/telemetry.jsonl   one line per telemetry tick (process, system, GPUs)
     rank-<r>/events.jsonl      things that happen between steps (validation, checkpoints, warnings)
+    rank-<r>/collectives.jsonl one line per timed collective (gradient buckets, FSDP gathers, probes)
 
 Every time is either a unix timestamp in seconds (`t_*`, `*_unix`) or a duration whose name ends in
 its unit (`_ms`, `_s`). Byte counts end in `_bytes`.
@@ -28,6 +29,10 @@ STEPS_FILE = "steps.jsonl"
 WINDOWS_FILE = "windows.jsonl"
 TELEMETRY_FILE = "telemetry.jsonl"
 EVENTS_FILE = "events.jsonl"
+COLLECTIVES_FILE = "collectives.jsonl"
+
+# Collective kinds, named as torch.distributed names the operations.
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
 # Phases of an optimizer step. They tile the step: wall = data + forward + backward + optimizer + other.
 PHASES = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms")
@@ -41,6 +46,9 @@ STEP_METRICS = (
     "loss",
     "grad_norm",
     "peak_mem_bytes",
+    "comm_ms",
+    "comm_exposed_ms",
+    "comm_bytes",
 )
 
 # Window statistics, in the order they are written.
@@ -72,6 +80,30 @@ class StepRecord:
     peak_mem_bytes: int | None = None
     # Set when a checkpoint was saved in the gap before this step: its data wait holds that save too.
     checkpoint: bool = False
+    # Communication of the step's timed collectives (absent when none were timed): total time, the part
+    # the step waited for after its backward compute ended, bytes on the wire, and how many.
+    comm_ms: float | None = None
+    comm_exposed_ms: float | None = None
+    comm_bytes: int | None = None
+    comm_count: int | None = None
+
+
+@dataclass(slots=True)
+class CollectiveRecord:
+    """One timed collective operation on one rank."""
+
+    step: int  # the optimizer step it belongs to (for a network probe: the iteration)
+    kind: str  # one of COLLECTIVE_KINDS
+    # The collective's size as nccl-tests counts it, so bus bandwidth follows its formulas: the whole
+    # buffer (all_reduce, broadcast), the gathered output (all_gather), the input before scattering
+    # (reduce_scatter). Each rank's own shard of a gather or scatter is bytes / world_size.
+    bytes: int
+    duration_ms: float  # launch to completion, as seen by this rank
+    dtype: str | None = None
+    bucket: int | None = None  # DDP gradient bucket index, where there is one
+    world_size: int | None = None  # ranks taking part
+    start_ms: float | None = None  # launch, ms after the step's start (for overlap), where known
+    source: str | None = None  # "ddp_hook", "fsdp", "probe", ...
 
 
 @dataclass(slots=True)
@@ -116,6 +148,7 @@ class RankRecord:
     windows: list[WindowAggregate] = field(default_factory=list)
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    collectives: list[CollectiveRecord] = field(default_factory=list)
 
     @property
     def rank(self) -> int:

@@ -25,6 +25,7 @@ from typing import IO, Any
 from tuneup._log import warn_once
 from tuneup._stats import quantile
 from tuneup.record.schema import (
+    COLLECTIVES_FILE,
     EVENTS_FILE,
     INFO_FILE,
     MANIFEST_FILE,
@@ -253,6 +254,7 @@ class RankWriter:
         self._windows = _Stream(self.dir / WINDOWS_FILE, "step windows")
         self._events = _Stream(self.dir / EVENTS_FILE, "events")
         self._telemetry = _Stream(self.dir / TELEMETRY_FILE, "telemetry")
+        self._collectives = _Stream(self.dir / COLLECTIVES_FILE, "collectives")
         self._last_flush = time.monotonic()
         self._last_telemetry_flush = time.monotonic()
         self._steps_since_flush = 0
@@ -275,7 +277,7 @@ class RankWriter:
             write_json_atomic(self.dir / INFO_FILE, self._info)
         except OSError as exc:
             self.usable = False
-            for stream in (self._steps, self._windows, self._events, self._telemetry):
+            for stream in self._streams:
                 stream.failed = True
             warn_once(
                 f"open:{self.dir}",
@@ -292,15 +294,11 @@ class RankWriter:
         self.closed = True
         self._emit_window()
         self.flush()
-        for stream in (self._steps, self._windows, self._events, self._telemetry):
+        for stream in self._streams:
             stream.close()
         if not self.usable:
             return
-        dropped = {
-            s.what: s.lines_lost
-            for s in (self._steps, self._windows, self._events, self._telemetry)
-            if s.lines_lost
-        }
+        dropped = {s.what: s.lines_lost for s in self._streams if s.lines_lost}
         self._info.update(
             extra_info,
             closed=True,
@@ -318,8 +316,12 @@ class RankWriter:
     # -- records -----------------------------------------------------------------------------------
 
     def add_step(self, record: Mapping[str, Any]) -> None:
-        """Record one optimizer step. `record` holds the StepRecord fields (step, epoch, t_end, ...)."""
+        """Record one optimizer step. `record` holds the StepRecord fields (step, epoch, t_end, ...) and,
+        under "_collectives", the step's collectives (CollectiveRecord fields but `step`)."""
         step = record["step"]
+        collectives = record.get("_collectives")
+        if collectives is not None:
+            record = {k: v for k, v in record.items() if k != "_collectives"}
         window_id = step // self.policy.window_steps
         if self._window_id is not None and window_id != self._window_id:
             self._emit_window()
@@ -328,6 +330,9 @@ class RankWriter:
         if self.policy.keeps(step, self.steps_seen):
             self._steps.append(dumps_line(record))
             self.steps_kept += 1
+            # Every collective of a kept step; the others are in the step's comm_* figures and windows.
+            for collective in collectives or ():
+                self._collectives.append(dumps_line({"step": step, **collective}))
         self.steps_seen += 1
         self.last_step = step
         self._steps_since_flush += 1
@@ -336,6 +341,14 @@ class RankWriter:
             or time.monotonic() - self._last_flush >= self.policy.flush_every_s
         ):
             self.flush()
+
+    @property
+    def _streams(self) -> tuple[_Stream, ...]:
+        return (self._steps, self._windows, self._events, self._telemetry, self._collectives)
+
+    def add_collective(self, record: Mapping[str, Any]) -> None:
+        """One timed collective (CollectiveRecord fields); written with the next flush."""
+        self._collectives.append(dumps_line(record))
 
     def add_event(self, kind: str, **fields: Any) -> None:
         self._events.append(dumps_line({"t": round(time.time(), 3), "kind": kind, **fields}))
@@ -350,6 +363,7 @@ class RankWriter:
         self._steps.flush()
         self._windows.flush()
         self._events.flush()
+        self._collectives.flush()
         self._steps_since_flush = 0
         self._last_flush = time.monotonic()
 

@@ -1,0 +1,252 @@
+"""Timing the collectives of each training step: DDP's gradient buckets and FSDP's gathers and scatters.
+
+DDP issues its all-reduces from C++, so wrapping `torch.distributed.all_reduce` alone sees none of them;
+a DDP communication hook sees every bucket. `CommProbe.install()` therefore does two things while a fit
+runs, and `uninstall()` undoes both:
+
+- it wraps `DistributedDataParallel.register_comm_hook`, so that whichever hook is registered (Lightning's
+  on CUDA, the user's own, tuneup's default on CPU) runs inside a timing wrapper that returns the same
+  future value, unchanged;
+- it wraps the Python collectives that hooks and FSDP call (`all_reduce`, `all_gather_single`,
+  `reduce_scatter_single`, `all_gather_into_tensor`, `reduce_scatter_tensor`): inside a DDP hook to count
+  the bytes the hook really sends (half for fp16 compression, PowerSGD's factors), and, for FSDP, to time
+  each gather and scatter.
+
+A collective's start is marked when it is launched and its end when its future completes. On CUDA both
+marks are events (a `Future.then` callback may run before the kernels finish; an event recorded on the
+callback's stream completes with the collective), read with the step, later, like the step's own marks.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tuneup._log import warn_once
+
+# torch.distributed function -> collective kind, and the argument (position, name) holding the tensor
+# whose size nccl-tests counts: the gathered output of a gather, the input of a scatter.
+_COLLECTIVES: dict[str, tuple[str, int, str]] = {
+    "all_reduce": ("all_reduce", 0, "tensor"),
+    "all_gather_single": ("all_gather", 0, "output_tensor"),
+    "all_gather_into_tensor": ("all_gather", 0, "output_tensor"),
+    "reduce_scatter_single": ("reduce_scatter", 1, "input"),
+    "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
+}
+
+
+@dataclass(slots=True)
+class PendingCollective:
+    kind: str
+    bytes: int
+    dtype: str | None
+    bucket: int | None
+    source: str
+    start: Any
+    world_size: int
+    end: Any = None  # set when the collective completes (from another thread)
+
+
+def _tensor_bytes(tensor: Any) -> int:
+    try:
+        return int(tensor.numel()) * int(tensor.element_size())
+    except Exception:
+        return 0
+
+
+class CommProbe:
+    """Collects the collectives of the current step; the step clock takes them when the step closes."""
+
+    def __init__(self, on_cuda: bool, world_size: int) -> None:
+        self.on_cuda = on_cuda
+        self.world_size = world_size
+        self.record_all = False  # FSDP: every collective is the training's; DDP: only those inside hooks
+        self._lock = threading.Lock()
+        self._current: list[PendingCollective] = []
+        self._local = threading.local()
+        self._saved: dict[str, Any] = {}
+        self._saved_register: Any = None
+        self.hook_registered = False
+        self.hooks_wrapped = 0
+
+    # -- marks ---------------------------------------------------------------------------------------
+
+    def mark(self) -> Any:
+        if not self.on_cuda:
+            return time.perf_counter()
+        import torch
+
+        # A fresh event each time: marks come from the autograd and communication threads too, and the
+        # step clock's recycled events belong to the training thread.
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def take(self) -> list[PendingCollective]:
+        """The collectives launched since the last call (the step that just closed)."""
+        with self._lock:
+            taken, self._current = self._current, []
+        return taken
+
+    def _add(self, record: PendingCollective) -> None:
+        with self._lock:
+            self._current.append(record)
+
+    def _finish(self, record: PendingCollective) -> Callable[[Any], Any]:
+        def done(fut: Any) -> Any:
+            record.end = self.mark()
+            return fut.value()
+
+        return done
+
+    # -- DDP hooks -----------------------------------------------------------------------------------
+
+    def wrap_hook(self, hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        """`hook`, timed per bucket; the future it returns carries the same value."""
+        probe = self
+
+        @functools.wraps(hook)
+        def timed_hook(state: Any, bucket: Any) -> Any:
+            start = probe.mark()
+            sent: list[tuple[str, int, str]] = []
+            probe._local.sent = sent
+            try:
+                fut = hook(state, bucket)
+            finally:
+                probe._local.sent = None
+            buffer = bucket.buffer()
+            if sent:  # what the hook put on the wire: compressed, factored, or as it came
+                kind, nbytes, dtype = sent[0][0], sum(s[1] for s in sent), sent[0][2]
+            else:  # a hook that communicates by other means: the bucket's own size is the best guess
+                kind, nbytes, dtype = (
+                    "all_reduce",
+                    _tensor_bytes(buffer),
+                    str(buffer.dtype).removeprefix("torch."),
+                )
+            record = PendingCollective(
+                kind, nbytes, dtype, int(bucket.index()), "ddp_hook", start, probe.world_size
+            )
+            probe._add(record)
+            return fut.then(probe._finish(record))
+
+        return timed_hook
+
+    def register_default_hook(self, ddp_model: Any) -> None:
+        """On CPU nobody registers a hook (Lightning ignores `ddp_comm_hook` off CUDA): register the
+        default all-reduce, timed. The result is DDP's default all-reduce: averaged gradients."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        ddp_model.register_comm_hook(state=None, hook=allreduce_hook)
+
+    # -- install / uninstall -------------------------------------------------------------------------
+
+    def install(self) -> None:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        for name in _COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is not None and name not in self._saved:
+                self._saved[name] = original
+                setattr(dist, name, self._wrap_collective(name, original))
+        if self._saved_register is None:
+            self._saved_register = DistributedDataParallel.register_comm_hook
+            probe = self
+            original_register = self._saved_register
+
+            @functools.wraps(original_register)
+            def register_comm_hook(ddp_self: Any, state: Any, hook: Callable[..., Any]) -> Any:
+                result = original_register(ddp_self, state, probe.wrap_hook(hook))
+                probe.hook_registered = True
+                probe.hooks_wrapped += 1
+                return result
+
+            DistributedDataParallel.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+        self._saved.clear()
+        if self._saved_register is not None:
+            DistributedDataParallel.register_comm_hook = self._saved_register  # type: ignore[method-assign]
+            self._saved_register = None
+
+    def _wrap_collective(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        kind, size_pos, size_name = _COLLECTIVES[name]
+        probe = self
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            sent = getattr(probe._local, "sent", None)
+            if sent is None and not probe.record_all:
+                return original(*args, **kwargs)
+            try:
+                tensor = args[size_pos] if len(args) > size_pos else kwargs.get(size_name)
+                nbytes = _tensor_bytes(tensor) if tensor is not None else 0
+                dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else None
+            except Exception:
+                nbytes, dtype = 0, None
+            if sent is not None:
+                # Inside a DDP hook: the hook's own timing covers it; only count what it sends.
+                sent.append((kind, nbytes, dtype or ""))
+                return original(*args, **kwargs)
+            record = PendingCollective(kind, nbytes, dtype, None, "fsdp", probe.mark(), probe.world_size)
+            work = original(*args, **kwargs)
+            probe._add(record)
+            if kwargs.get("async_op") and work is not None:
+                try:
+                    work.get_future().then(probe._finish(record))
+                except Exception as exc:  # a backend without futures: time to the launch only
+                    warn_once("comm-future", f"cannot time async {name} ({exc}); its duration is left out")
+            else:
+                record.end = probe.mark()
+            return work
+
+        return collective
+
+
+def resolve_collectives(
+    pending: list[PendingCollective], elapsed_ms: Callable[[Any, Any], float], step_start: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per-collective records and the step's summary (comm_ms, comm_exposed_ms, comm_bytes, comm_count).
+
+    Exposed time is what the step still waited for after the last gradient bucket was handed over (the
+    end of backward compute): the tail of the last collective to finish, counted from the last launch.
+    """
+    done = [p for p in pending if p.end is not None]
+    records = []
+    for p in done:
+        records.append(
+            {
+                "kind": p.kind,
+                "bytes": p.bytes,
+                "dtype": p.dtype,
+                "bucket": p.bucket,
+                "duration_ms": max(0.0, elapsed_ms(p.start, p.end)),
+                "start_ms": elapsed_ms(step_start, p.start) if step_start is not None else None,
+                "source": p.source,
+                "world_size": p.world_size,
+            }
+        )
+    summary: dict[str, Any] = {}
+    if done:
+        hooks = [p for p in done if p.source == "ddp_hook"]
+        exposed = None
+        if hooks:
+            last_launch = hooks[-1].start
+            exposed = max(0.0, max(elapsed_ms(last_launch, p.end) for p in hooks))
+        summary = {
+            "comm_ms": sum(r["duration_ms"] for r in records),
+            "comm_exposed_ms": exposed,
+            "comm_bytes": sum(p.bytes for p in done),
+            "comm_count": len(done),
+        }
+    return records, summary
+
