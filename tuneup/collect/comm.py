@@ -249,4 +249,3 @@ def resolve_collectives(
             "comm_count": len(done),
         }
     return records, summary
-
