@@ -29,8 +29,11 @@ EXPECTED_SECTIONS = {
     "rank_step_time.png": "ranks",
     "gpu_utilization.png": "hardware",
     "host_utilization.png": "hardware",
+    "communication.png": "communication",
 }
-CPU_PLOTS = set(EXPECTED_SECTIONS) - {"gpu_utilization.png"}
+# The fixtures time no collectives; tests/test_report.py checks the communication plot of a real run.
+ALL_BUT_COMM = set(EXPECTED_SECTIONS) - {"communication.png"}
+CPU_PLOTS = ALL_BUT_COMM - {"gpu_utilization.png"}
 PHASE_SHARES = {"data": 0.004, "forward": 0.317, "backward": 0.618, "optimizer": 0.037, "other": 0.024}
 
 
@@ -330,7 +333,7 @@ def test_gpu_telemetry_adds_the_gpu_plot_and_a_straggler_is_named(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     files = render_plots(make_report(gpus=2, straggler=1), tmp_path)
-    check_plot_files(files, tmp_path, set(EXPECTED_SECTIONS))
+    check_plot_files(files, tmp_path, ALL_BUT_COMM)
     by_name = {f.name: f for f in files}
     gpu = by_name["gpu_utilization.png"]
     assert "power" in gpu.caption and "utilization" in gpu.caption
@@ -386,7 +389,7 @@ def _no_telemetry_key(r: dict[str, Any]) -> None:
 def test_a_plot_without_data_is_skipped(remove: Any, missing: set[str]) -> None:
     report = make_report(gpus=1, steps=40, telemetry_points=10)
     remove(report)
-    drawn = {name: draw(name, report) for name in EXPECTED_SECTIONS}
+    drawn = {name: draw(name, report) for name in ALL_BUT_COMM}
     assert {name for name, d in drawn.items() if d is None} == missing
 
 
@@ -397,7 +400,7 @@ def test_render_skips_what_is_missing_and_writes_the_rest(
     _drop_loss(report)
     _no_process_or_host_telemetry(report)
     files = render_plots(report, tmp_path)
-    check_plot_files(files, tmp_path, set(EXPECTED_SECTIONS) - {"loss.png", "host_utilization.png"})
+    check_plot_files(files, tmp_path, ALL_BUT_COMM - {"loss.png", "host_utilization.png"})
     # Skipped because the data was missing, not because drawing raised and was caught.
     assert plot_warnings(caplog) == []
 
@@ -480,7 +483,7 @@ def _empty_report(r: dict[str, Any]) -> None:
     [
         (_single_point, {"step_breakdown.png", "rank_step_time.png"}),
         (_all_none, set()),
-        (_not_finite, set(EXPECTED_SECTIONS) - {"loss.png", "rank_step_time.png"}),
+        (_not_finite, ALL_BUT_COMM - {"loss.png", "rank_step_time.png"}),
         (_wrong_types, set()),
         (_empty_report, set()),
     ],
@@ -498,7 +501,7 @@ def test_degenerate_input_skips_instead_of_raising(
 def test_eight_ranks_of_a_thousand_points_render(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     report = make_report(ranks=8, steps=1000, gpus=8, telemetry_points=1000, hosts=("node-a",), straggler=5)
     files = render_plots(report, tmp_path)
-    check_plot_files(files, tmp_path, set(EXPECTED_SECTIONS))
+    check_plot_files(files, tmp_path, ALL_BUT_COMM)
     assert plot_warnings(caplog) == []
 
 
@@ -520,7 +523,7 @@ def test_dollar_signs_in_names_render_literally(tmp_path: Path, caplog: pytest.L
     report = make_report(gpus=2, steps=30, telemetry_points=10, hosts=hosts, ranks=2)
     report["run"]["model_class"] = "a$b"
     files = render_plots(report, tmp_path)
-    assert {f.name for f in files} == set(EXPECTED_SECTIONS)
+    assert {f.name for f in files} == ALL_BUT_COMM
     assert plot_warnings(caplog) == []
     labels = legend_labels(draw("gpu_utilization.png", report).figure)
     assert any(label.startswith("$x^2$ GPU") for label in labels), labels
@@ -682,6 +685,6 @@ def test_a_recorded_run_through_analyze_run_renders_every_plot(
     original = copy.deepcopy(report)
     out = tmp_path / "plots"
     files = render_plots(report, out)
-    check_plot_files(files, out, set(EXPECTED_SECTIONS))
+    check_plot_files(files, out, ALL_BUT_COMM)
     assert report == original, "render_plots must not change the report it draws"
     assert plot_warnings(caplog) == []

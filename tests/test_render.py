@@ -512,18 +512,58 @@ def test_communication_and_cost_placeholders(
     md = render_markdown(report, plots)
     for sid, title in (("communication", "Communication"), ("cost", "Cost")):
         assert parsed.text[sid].strip().endswith(content.NOT_MEASURED[sid])
-        assert "Not measured in this version of tuneup" in parsed.text[sid]
-        assert "Not measured in this version of tuneup" in md_section(md, title)
-    # A later version fills these in: its plain figures show, nested parts are skipped, nothing breaks.
-    later = {
-        **report,
-        "communication": {"allreduce_ms": 12.5, "buckets": 3, "per_bucket": [1, 2]},
-        "cost": {"total_usd": 1.25, "price": {"source": "x"}},
-    }
+        assert content.NOT_MEASURED[sid] in md_section(md, title)
+    assert "No collective was timed" in parsed.text["communication"]
+    assert "Not measured in this version of tuneup" in parsed.text["cost"]
+    # Cost is filled by a later version: its plain figures show, nested parts are skipped, nothing breaks.
+    later = {**report, "cost": {"total_usd": 1.25, "price": {"source": "x"}}}
     parsed = parse(render_html(later, plots))
-    assert "allreduce_ms" in parsed.text["communication"] and "12.5 ms" in parsed.text["communication"]
-    assert "per_bucket" not in parsed.text["communication"]
     assert "total_usd" in parsed.text["cost"] and "Not measured" not in parsed.text["cost"]
+
+
+def test_communication_section_shows_its_figures(
+    reports: dict[str, dict[str, Any]], plots: list[PlotFile]
+) -> None:
+    comm = {
+        "backend": "gloo",
+        "world_size": 2,
+        "ranks_per_node": 2,
+        "comm_ms_per_step": 13.0,
+        "share_of_step": 0.45,
+        "exposed_ms_per_step": 12.0,
+        "overlapped_ms_per_step": 1.0,
+        "exposed_share_of_step": 0.41,
+        "per_rank": [
+            {
+                "rank": 0,
+                "comm_ms": 23.6,
+                "exposed_ms": 23.0,
+                "bytes_per_step": 2308,
+                "collectives_per_step": 1,
+            }
+        ],
+        "per_bucket": [
+            {
+                "bucket": 0,
+                "kind": "all_reduce",
+                "bytes": 2308,
+                "dtype": "float32",
+                "median_ms": 23.2,
+                "count": 30,
+            }
+        ],
+        "by_size": [],
+        "fits": [],
+        "link": None,
+        "late_rank": {"rank": 1, "summary": "rank 1 arrives late at the collectives"},
+        "ddp_logging": {"avg_backward_comm_time_ms": 24.0},
+    }
+    report = {**reports["demo"], "communication": comm}
+    parsed = parse(render_html(report, plots))
+    text = parsed.text["communication"]
+    assert "gloo" in text and "13.0 ms" in text and "Rank 1 arrives late at the collectives." in text
+    assert "all_reduce" in text and "23.2 ms" in text and "No latency-bandwidth fit" in text
+    assert "Gradient" not in md_section(render_markdown(report, plots), "Cost")
 
 
 def test_warnings_are_listed(reports: dict[str, dict[str, Any]], plots: list[PlotFile]) -> None:

@@ -60,13 +60,24 @@ def test_report_of_a_real_two_rank_run_in_all_formats(straggler_run: Path, tmp_p
     written = write_report(straggler_run, tmp_path / "report")
     names = {p.name for p in written.files}
     assert {"report.html", "report.md", "report.json"} <= names
-    assert {"step_breakdown.png", "rank_step_time.png", "step_time.png", "throughput.png"} <= names
+    assert {
+        "step_breakdown.png",
+        "rank_step_time.png",
+        "step_time.png",
+        "throughput.png",
+        "communication.png",
+    } <= names
 
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     jsonschema.validate(report, report_schema())
     assert report["run"]["world_size"] == 2 and report["run"]["missing_ranks"] == []
     straggler = report["ranks"]["straggler"]
     assert straggler["rank"] == 1 and straggler["phase"] == "forward", straggler
+    # The same straggler, seen from the collectives: rank 1 arrives late, rank 0 waits inside them.
+    comm = report["communication"]
+    assert comm["backend"] == "gloo" and comm["late_rank"]["rank"] == 1
+    assert {r["bytes_per_step"] for r in comm["per_rank"]} == {577 * 4}
+    assert {f["id"] for f in report["findings"]} >= {"straggler", "late_rank"}
 
     parser = SectionParser()
     parser.feed((tmp_path / "report" / "report.html").read_text())

@@ -388,6 +388,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             "model": model_summary(pl_module),
             "environment": capture_environment(),
             "gpus": gpu_inventory(),
+            "communication": _communication_environment(trainer),
             "recording": {
                 **self.policy.as_dict(),
                 "telemetry_interval_s": self.telemetry_interval_s,
@@ -594,6 +595,30 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._writer.close(status=status, data_timing=data_timing)
             if self._rank == 0 and self.run_dir is not None:
                 info_once(f"wrote:{self.run_dir}", f"run record written to {self.run_dir}")
+
+
+def _communication_environment(trainer: Any) -> dict[str, Any]:
+    """Backend, NCCL version, ranks per node and NCCL_* settings: what the collectives ran over."""
+    import torch
+
+    from tuneup.collect.environment import redact_value
+
+    env: dict[str, Any] = {
+        "world_size": int(getattr(trainer, "world_size", 1)),
+        "ranks_per_node": int(getattr(trainer, "num_devices", 1)),
+        "num_nodes": int(getattr(trainer, "num_nodes", 1)),
+        "backend": None,
+        "nccl_version": None,
+    }
+    try:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            env["backend"] = str(torch.distributed.get_backend())
+        if torch.cuda.is_available():
+            env["nccl_version"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+    except Exception as exc:
+        warn_once("comm-env", f"cannot read the communication backend ({exc})")
+    env["nccl_env"] = {k: redact_value(k, v) for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}
+    return env
 
 
 def _on_cuda(trainer: Any) -> bool:

@@ -12,8 +12,10 @@ from typing import Any
 
 from tuneup._stats import quantile
 from tuneup._version import __version__
+from tuneup.analyze.communication import communication_section
 from tuneup.analyze.findings import (
     DATA_WAIT_SHARE,
+    EXPOSED_COMM_SHARE,
     GPU_MEMORY_FULL_SHARE,
     LONG_WARMUP_SHARE,
     LOW_GPU_UTIL_PERCENT,
@@ -418,6 +420,7 @@ def _findings(report: dict[str, Any], straggler: Straggler | None, warmup: dict[
                     "gpu_lost", "warning", f"{name} stopped answering NVML", "NVML reported the GPU lost."
                 )
             )
+    out.extend(_communication_findings(report.get("communication")))
     if warmup["share"] >= LONG_WARMUP_SHARE and warmup["steps"] > 1:
         out.append(
             Finding(
@@ -448,6 +451,49 @@ def _findings(report: dict[str, Any], straggler: Straggler | None, warmup: dict[
                 f"{len(unclosed)} rank(s) stopped without closing",
                 f"Rank(s) {', '.join(unclosed)} were killed or are still running; "
                 "their last flush interval is missing.",
+            )
+        )
+    return out
+
+
+def _communication_findings(comm: dict[str, Any] | None) -> list[Finding]:
+    if not comm:
+        return []
+    out: list[Finding] = []
+    share, exposed_share = comm.get("share_of_step"), comm.get("exposed_share_of_step")
+    if exposed_share is not None and exposed_share >= EXPOSED_COMM_SHARE:
+        out.append(
+            Finding(
+                "exposed_communication",
+                "warning",
+                f"The step waits {exposed_share:.0%} of its time for communication",
+                f"{comm['exposed_ms_per_step']:.1f} ms per step of the {comm['comm_ms_per_step']:.1f} ms of "
+                f"collectives is not hidden behind backward compute ({share:.0%} of the step is communication)"
+                + (
+                    f"; most of it is waiting for rank {comm['late_rank']['rank']}, which arrives late."
+                    if comm.get("late_rank")
+                    else "."
+                ),
+            )
+        )
+    link = comm.get("link") or {}
+    if link.get("far_below"):
+        out.append(
+            Finding(
+                "slow_link",
+                "warning",
+                f"Collectives run far below what {link['name']} gives",
+                link["summary"],
+            )
+        )
+    late = comm.get("late_rank")
+    if late:
+        out.append(
+            Finding(
+                "late_rank",
+                "warning",
+                f"Rank {late['rank']} arrives late at the collectives",
+                late["summary"],
             )
         )
     return out
@@ -512,8 +558,8 @@ def analyze_run(run: Run) -> dict[str, Any]:
             "trainer": run.manifest.trainer,
             "dataloader": run.manifest.dataloader,
         },
+        "communication": communication_section(run, steady),
         # Sections that later features fill; present so readers of the JSON can rely on the keys.
-        "communication": None,
         "cost": None,
         "findings": [],
         "warnings": list(run.warnings),

@@ -15,6 +15,8 @@ DATA_WAIT_SHARE = 0.10
 OTHER_SHARE = 0.15
 # Below this average utilization a GPU is idle for a large part of the run.
 LOW_GPU_UTIL_PERCENT = 50.0
+# Communication the step waits for, above this share of the step, is worth overlapping or shrinking.
+EXPOSED_COMM_SHARE = 0.10
 # Warm-up longer than this share of the recorded steps distorts short benchmark runs.
 LONG_WARMUP_SHARE = 0.10
 # GPU memory above this share of its total leaves no room for a larger batch.

@@ -113,7 +113,7 @@ class Section:
 
 
 NOT_MEASURED = {
-    "communication": "Not measured in this version of tuneup: communication profiling comes with a later release.",
+    "communication": "No collective was timed: the run had one rank, or communication profiling was off.",
     "cost": "Not measured in this version of tuneup: cost figures come with a later release.",
 }
 _TIMING = {"host": "host clock", "cuda_event": "CUDA events"}
@@ -597,6 +597,141 @@ def _data_loader(report: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+def _communication(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[Block]:
+    comm = report.get("communication")
+    if not isinstance(comm, dict):
+        return [Paragraph(NOT_MEASURED["communication"], True)]
+    blocks: list[Block] = [
+        KeyValues(
+            "",
+            (
+                ("Backend", text(comm.get("backend"))),
+                ("Ranks", f"{text(comm.get('world_size'))} ({text(comm.get('ranks_per_node'))} per node)"),
+                (
+                    "Collectives per step",
+                    ms(comm.get("comm_ms_per_step")) + f" ({share(comm.get('share_of_step'))} of the step)",
+                ),
+                (
+                    "Waited for (exposed)",
+                    ms(comm.get("exposed_ms_per_step"))
+                    + f" ({share(comm.get('exposed_share_of_step'))} of the step)",
+                ),
+                ("Hidden behind backward", ms(comm.get("overlapped_ms_per_step"))),
+            ),
+        ),
+        Paragraph(
+            "Exposed time is what the step still waited for after its last gradient bucket was handed over, "
+            "that is, after backward compute ended; the rest overlapped with backward."
+        ),
+    ]
+    ranks = _dicts(comm.get("per_rank"))
+    if ranks:
+        blocks.append(
+            _table(
+                "Per rank, mean per step",
+                ("Rank", "Collectives", "Exposed", "Bytes", "Collectives/step"),
+                (
+                    (
+                        text(r.get("rank")),
+                        ms(r.get("comm_ms")),
+                        ms(r.get("exposed_ms")),
+                        size_bytes(r.get("bytes_per_step")),
+                        number(r.get("collectives_per_step")),
+                    )
+                    for r in ranks
+                ),
+                numeric=(1, 2, 3, 4),
+            )
+        )
+    late = comm.get("late_rank")
+    if isinstance(late, dict):
+        blocks.append(Paragraph(sentence(late.get("summary"))))
+    buckets = _dicts(comm.get("per_bucket"))
+    if buckets:
+        blocks.append(
+            _table(
+                "DDP gradient buckets (first rank)",
+                ("Bucket", "Collective", "Size", "Dtype", "Median time", "Count"),
+                (
+                    (
+                        text(b.get("bucket")),
+                        text(b.get("kind")),
+                        size_bytes(b.get("bytes")),
+                        text(b.get("dtype")),
+                        ms(b.get("median_ms")),
+                        count(b.get("count")),
+                    )
+                    for b in buckets
+                ),
+                numeric=(2, 4, 5),
+            )
+        )
+    sizes = _dicts(comm.get("by_size"))
+    if sizes:
+        blocks.append(
+            _table(
+                "Bandwidth by collective and size (nccl-tests convention, median time)",
+                ("Collective", "Size", "Count", "Time", "algbw", "busbw"),
+                (
+                    (
+                        text(r.get("kind")),
+                        size_bytes(r.get("bytes")),
+                        count(r.get("count")),
+                        with_unit(r.get("median_us"), "µs"),
+                        with_unit(r.get("algbw_gbytes_per_s"), "GB/s"),
+                        with_unit(r.get("busbw_gbytes_per_s"), "GB/s"),
+                    )
+                    for r in sizes
+                ),
+                numeric=(1, 2, 3, 4, 5),
+            )
+        )
+    fits = _dicts(comm.get("fits"))
+    if fits:
+        blocks.append(
+            _table(
+                "Latency-bandwidth fit (ring model)",
+                ("Collective", "α (latency)", "β", "Bus bandwidth", "R²", "Sizes"),
+                (
+                    (
+                        text(f.get("kind")),
+                        with_unit(f.get("alpha_us"), "µs"),
+                        with_unit(f.get("beta_ns_per_byte"), "ns/B"),
+                        with_unit(f.get("busbw_gbytes_per_s"), "GB/s"),
+                        number(f.get("r_squared")),
+                        count(f.get("sizes")),
+                    )
+                    for f in fits
+                ),
+                numeric=(1, 2, 3, 4, 5),
+            )
+        )
+    else:
+        blocks.append(
+            Paragraph(
+                "No latency-bandwidth fit: the run's collectives came in fewer than two sizes. The tuneup probe-network command measures a range of sizes.",
+                True,
+            )
+        )
+    link = comm.get("link")
+    if isinstance(link, dict):
+        blocks.append(
+            Paragraph(
+                f"Link compared with: {text(link.get('name'))} ({text(link.get('reason'))}). {sentence(link.get('summary'))}"
+            )
+        )
+    ddp = comm.get("ddp_logging")
+    if isinstance(ddp, dict) and ddp:
+        blocks.append(
+            KeyValues(
+                "Cross-check: DDP's own sampled averages",
+                tuple((k.removesuffix("_ms").replace("_", " "), ms(v)) for k, v in ddp.items()),
+            )
+        )
+    blocks.extend(_figures("communication", plots))
+    return blocks
+
+
 def _later(report: dict[str, Any], section_id: str) -> list[Block]:
     value = report.get(section_id)
     if not isinstance(value, dict):
@@ -700,7 +835,7 @@ def report_sections(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[S
         "hardware": _hardware(report, plots),
         "ranks": _ranks(report, plots),
         "data-loader": _data_loader(report),
-        "communication": _later(report, "communication"),
+        "communication": _communication(report, plots),
         "cost": _later(report, "cost"),
         "environment": _environment(report),
         "warnings": _warnings(report),

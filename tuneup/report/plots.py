@@ -881,6 +881,63 @@ def _draw_host(report: dict[str, Any]) -> _Drawn | None:
     return _Drawn(fig, title, f"Over the run, {listed}: {'; '.join(notes)}.")
 
 
+def _size_label(nbytes: float) -> str:
+    return f"{_fmt(nbytes / 2**20)} MiB" if nbytes >= 2**20 else f"{_fmt(nbytes / 2**10)} KiB"
+
+
+def _draw_communication(report: dict[str, Any]) -> _Drawn | None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    ranks = []
+    for entry in _list(_dig(report, "communication", "per_rank")):
+        rank, comm, exposed = (
+            _rank(_dig(entry, "rank")),
+            _num(_dig(entry, "comm_ms")),
+            _num(_dig(entry, "exposed_ms")),
+        )
+        if rank is not None and comm is not None:
+            ranks.append((rank, comm, min(comm, exposed if exposed is not None else comm)))
+    buckets = [
+        (b.get("bucket"), _num(b.get("median_ms")), _num(b.get("bytes")))
+        for b in _list(_dig(report, "communication", "per_bucket"))
+        if isinstance(b, dict) and _num(b.get("median_ms")) is not None
+    ]
+    if not ranks:
+        return None
+    fig = Figure(figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2, squeeze=True) if buckets else (fig.subplots(1, 1), None)
+    ys = list(range(len(ranks)))
+    exposed = [e for _, _, e in ranks]
+    hidden = [c - e for _, c, e in ranks]
+    left.barh(ys, exposed, height=0.6, color=PHASE_COLORS["backward"], label="waited for (exposed)")
+    left.barh(
+        ys, hidden, left=exposed, height=0.6, color=PHASE_COLORS["forward"], label="hidden behind backward"
+    )
+    left.set_yticks(ys, [f"rank {r}" for r, _, _ in ranks])
+    left.invert_yaxis()
+    left.set_xlabel("collective time per step (ms)")
+    left.set_title("Per rank")
+    left.legend(loc="lower right", fontsize=8)
+    if right is not None:
+        xs = list(range(len(buckets)))
+        right.bar(xs, [t for _, t, _ in buckets], color=PHASE_COLORS["backward"], width=0.6)
+        right.set_xticks(xs, [f"{b}\n{_size_label(n or 0)}" for b, _, n in buckets], fontsize=8)
+        right.set_xlabel("DDP gradient bucket (size)")
+        right.set_ylabel("median time (ms)")
+        right.set_title("Per gradient bucket")
+    title = "Communication per step"
+    fig.suptitle(title, fontweight="bold")
+    return _Drawn(
+        fig,
+        title,
+        "Left: each rank's collective time per step, split into what the step waited for after backward "
+        "compute ended and what overlapped with it (a rank with far less than the others arrives late and "
+        "makes them wait); right: the median time of each DDP gradient bucket's collective.",
+    )
+
+
 _PLOTS: tuple[_Plot, ...] = (
     _Plot("throughput.png", "timeseries", _draw_throughput),
     _Plot("step_time.png", "timeseries", _draw_step_time),
@@ -889,4 +946,5 @@ _PLOTS: tuple[_Plot, ...] = (
     _Plot("rank_step_time.png", "ranks", _draw_rank_step_time),
     _Plot("gpu_utilization.png", "hardware", _draw_gpu),
     _Plot("host_utilization.png", "hardware", _draw_host),
+    _Plot("communication.png", "communication", _draw_communication),
 )

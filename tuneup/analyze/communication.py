@@ -1,0 +1,199 @@
+"""Communication of a recorded run: its share of the step, how much of it the step waited for, the
+bandwidth the collectives reached against what the link should give, and which rank the others wait for.
+
+A rank that arrives late at a collective finds the others already waiting in it: its own collective is
+short and theirs are long. A slow link makes every rank's collectives long alike. Per-rank collective
+time is what tells the two apart.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from tuneup.analyze.interconnect import (
+    GB,
+    collective_table,
+    expected_link,
+    fit_alpha_beta,
+    link_verdict,
+)
+from tuneup.record.schema import CollectiveRecord, Run, StepRecord
+
+# A rank whose collectives take under this share of the others' median arrives late at them.
+LATE_ARRIVAL_RATIO = 0.5
+LATE_ARRIVAL_MIN_MS = 1.0
+
+
+def _r(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _late_rank(per_rank: list[dict[str, Any]]) -> dict[str, Any] | None:
+    timed = [r for r in per_rank if r["comm_ms"] is not None]
+    if len(timed) < 2:
+        return None
+    fastest = min(timed, key=lambda r: r["comm_ms"])
+    others = statistics.median(r["comm_ms"] for r in timed if r is not fastest)
+    if others - fastest["comm_ms"] < LATE_ARRIVAL_MIN_MS or fastest["comm_ms"] > LATE_ARRIVAL_RATIO * others:
+        return None
+    return {
+        "rank": fastest["rank"],
+        "comm_ms": _r(fastest["comm_ms"]),
+        "others_comm_ms": _r(others),
+        "summary": (
+            f"rank {fastest['rank']} arrives late at the collectives: its collectives take "
+            f"{fastest['comm_ms']:.1f} ms per step against {others:.1f} ms on the other ranks, which wait "
+            "inside them for it. The link is not what is slow; what rank "
+            f"{fastest['rank']} does before each collective is."
+        ),
+    }
+
+
+def _fits(records: list[CollectiveRecord], world_size: int) -> list[dict[str, Any]]:
+    by_kind: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for c in records:
+        if c.bytes > 0 and c.duration_ms > 0:
+            by_kind[c.kind].append((c.bytes, c.duration_ms / 1000.0))
+    out = []
+    for kind, samples in sorted(by_kind.items()):
+        if len({b for b, _ in samples}) < 2:
+            continue  # one size (one DDP bucket): no line to fit; the table still gives its bandwidth
+        try:
+            fit = fit_alpha_beta(samples, kind, world_size)
+        except ValueError:
+            continue
+        out.append(
+            {
+                "kind": kind,
+                "alpha_us": _r(fit.alpha_s * 1e6),
+                "beta_ns_per_byte": _r(fit.beta_s_per_byte * 1e9, 6),
+                "busbw_gbytes_per_s": _r(fit.busbw_bytes_per_s / GB if fit.busbw_bytes_per_s else None),
+                "r_squared": _r(fit.r_squared, 4),
+                "points": fit.points,
+                "sizes": fit.sizes,
+                "notes": list(fit.notes),
+            }
+        )
+    return out
+
+
+def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> dict[str, Any] | None:
+    """The report's communication section, or None when the run timed no collective."""
+    per_rank = []
+    for rank, steps in sorted(steady.items()):
+        timed = [s for s in steps if s.comm_ms is not None]
+        per_rank.append(
+            {
+                "rank": rank,
+                "steps_with_comm": len(timed),
+                "comm_ms": _r(_mean([s.comm_ms for s in timed])),  # type: ignore[misc]
+                "exposed_ms": _r(_mean([s.comm_exposed_ms for s in timed if s.comm_exposed_ms is not None])),
+                "bytes_per_step": _r(_mean([s.comm_bytes for s in timed if s.comm_bytes is not None]), 0),
+                "collectives_per_step": _r(
+                    _mean([s.comm_count for s in timed if s.comm_count is not None]), 1
+                ),
+            }
+        )
+    if not any(r["steps_with_comm"] for r in per_rank):
+        return None
+    all_timed = [s for steps in steady.values() for s in steps if s.comm_ms is not None]
+    wall = statistics.fmean(s.wall_ms for s in all_timed)
+    comm = statistics.fmean(s.comm_ms for s in all_timed)  # type: ignore[misc]
+    exposed_values = [s.comm_exposed_ms for s in all_timed if s.comm_exposed_ms is not None]
+    exposed = statistics.fmean(exposed_values) if exposed_values else None
+    world = run.world_size
+    records = [c for rec in run.ranks.values() for c in rec.collectives]
+    table = collective_table(records, world)
+    first_rank = min(run.ranks)
+    buckets: dict[tuple[int, str, int], list[float]] = defaultdict(list)
+    dtypes: dict[tuple[int, str, int], str | None] = {}
+    for c in run.ranks[first_rank].collectives:
+        if c.bucket is not None:
+            buckets[(c.bucket, c.kind, c.bytes)].append(c.duration_ms)
+            dtypes[(c.bucket, c.kind, c.bytes)] = c.dtype
+    comm_env = (
+        run.manifest.raw.get("communication")
+        if isinstance(run.manifest.raw.get("communication"), dict)
+        else {}
+    )
+    backend = comm_env.get("backend")
+    on_gpu = bool((run.manifest.gpus or {}).get("gpus"))
+    choice = expected_link(
+        backend=str(backend or ("nccl" if on_gpu else "gloo")),
+        device="cuda" if on_gpu else "cpu",
+        num_nodes=run.manifest.num_nodes,
+    )
+    # Bandwidth-bound figure for the verdict: the biggest collective's bus bandwidth.
+    biggest = max(
+        (row for row in table if row.busbw_gbytes_per_s), key=lambda row: row.size_bytes, default=None
+    )
+    link: dict[str, Any] | None = None
+    if choice.link is not None:
+        link = {"name": choice.link.name, "reason": choice.reason, "source": choice.link.source}
+        if biggest is not None:
+            verdict = link_verdict(biggest.busbw_gbytes_per_s * GB, choice.link)  # type: ignore[operator]
+            link.update(
+                measured_busbw_gbytes_per_s=_r(biggest.busbw_gbytes_per_s),
+                reference=verdict.reference,
+                reference_gbytes_per_s=_r(
+                    verdict.reference_bytes_per_s / GB if verdict.reference_bytes_per_s else None
+                ),
+                ratio=_r(verdict.ratio, 4),
+                far_below=verdict.far_below,
+                summary=verdict.sentence,
+            )
+    ddp = next((e for rec in run.ranks.values() for e in rec.events if e.get("kind") == "ddp_logging"), None)
+    return {
+        "backend": backend,
+        "world_size": world,
+        "ranks_per_node": comm_env.get("ranks_per_node"),
+        "nccl_version": comm_env.get("nccl_version"),
+        "comm_ms_per_step": _r(comm),
+        "share_of_step": _r(comm / wall if wall else None, 4),
+        "exposed_ms_per_step": _r(exposed),
+        "overlapped_ms_per_step": _r(comm - exposed if exposed is not None else None),
+        "exposed_share_of_step": _r(exposed / wall if exposed is not None and wall else None, 4),
+        "per_rank": per_rank,
+        "per_bucket": [
+            {
+                "bucket": bucket,
+                "kind": kind,
+                "bytes": nbytes,
+                "dtype": dtypes[(bucket, kind, nbytes)],
+                "median_ms": _r(statistics.median(times)),
+                "count": len(times),
+            }
+            for (bucket, kind, nbytes), times in sorted(buckets.items())
+        ],
+        "by_size": [
+            {
+                "kind": row.kind,
+                "bytes": row.size_bytes,
+                "count": row.count,
+                "median_us": _r(row.median_time_us, 1),
+                "algbw_gbytes_per_s": _r(row.algbw_gbytes_per_s, 4),
+                "busbw_gbytes_per_s": _r(row.busbw_gbytes_per_s, 4),
+            }
+            for row in table
+        ],
+        "fits": _fits(records, world),
+        "link": link,
+        "late_rank": _late_rank(per_rank),
+        "ddp_logging": None
+        if ddp is None
+        else {
+            f"{k}_ms": _r(ddp[k] / 1e6)  # DDP reports nanoseconds
+            for k in (
+                "avg_backward_comm_time",
+                "avg_backward_compute_comm_overlap_time",
+                "avg_backward_compute_time",
+            )
+            if isinstance(ddp.get(k), (int, float))
+        },
+    }
