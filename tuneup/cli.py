@@ -2,6 +2,7 @@
 
     tuneup report RUN_DIR   the run as HTML, Markdown and JSON, with plots
     tuneup show RUN_DIR     headline figures, findings and warnings of a recorded run, in the terminal
+    tuneup probe-network    time collectives over message sizes (under torchrun) and fit the link
     tuneup demo             train a small transformer LM with the callback, then report on its run
 
 Input errors print one line on stderr and exit with code 2; they never print a traceback. Heavy
@@ -134,6 +135,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return _write_report(Path(args.run_dir), Path(args.out) if args.out else None, args.format)
 
 
+def cmd_probe_network(args: argparse.Namespace) -> int:
+    from tuneup import probe
+
+    try:
+        return probe.run(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from tuneup.record import RunRecordError
 
@@ -183,6 +193,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", default="html,md,json", help="comma-separated: html, md, json (default: %(default)s)"
     )
     report.set_defaults(func=cmd_report)
+
+    probe = sub.add_parser(
+        "probe-network",
+        help="time collectives over a range of message sizes, like nccl-tests, and fit the link's alpha-beta",
+        description="Launch a collective benchmark under torchrun (all-reduce, all-gather, reduce-scatter over a "
+        "range of message sizes), record it as a run, and print the algbw/busbw table and the alpha-beta fit.",
+    )
+    from tuneup import probe as probe_module
+
+    probe_module.add_arguments(probe)
+    probe.set_defaults(func=cmd_probe_network)
 
     show = sub.add_parser("show", help="headline figures and warnings of a recorded run")
     show.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by TuneupCallback")

@@ -100,20 +100,21 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> dict
                 ),
             }
         )
-    if not any(r["steps_with_comm"] for r in per_rank):
+    records = [c for rec in run.ranks.values() for c in rec.collectives]
+    if not records and not any(r["steps_with_comm"] for r in per_rank):
         return None
+    # A network probe's run has collectives and no training steps: its section is the tables and fits.
     all_timed = [s for steps in steady.values() for s in steps if s.comm_ms is not None]
-    wall = statistics.fmean(s.wall_ms for s in all_timed)
-    comm = statistics.fmean(s.comm_ms for s in all_timed)  # type: ignore[misc]
+    wall = statistics.fmean(s.wall_ms for s in all_timed) if all_timed else None
+    comm = statistics.fmean(s.comm_ms for s in all_timed) if all_timed else None  # type: ignore[misc]
     exposed_values = [s.comm_exposed_ms for s in all_timed if s.comm_exposed_ms is not None]
     exposed = statistics.fmean(exposed_values) if exposed_values else None
     world = run.world_size
-    records = [c for rec in run.ranks.values() for c in rec.collectives]
     table = collective_table(records, world)
-    first_rank = min(run.ranks)
+    first_rank = min(run.ranks, default=0)
     buckets: dict[tuple[int, str, int], list[float]] = defaultdict(list)
     dtypes: dict[tuple[int, str, int], str | None] = {}
-    for c in run.ranks[first_rank].collectives:
+    for c in run.ranks[first_rank].collectives if first_rank in run.ranks else []:
         if c.bucket is not None:
             buckets[(c.bucket, c.kind, c.bytes)].append(c.duration_ms)
             dtypes[(c.bucket, c.kind, c.bytes)] = c.dtype
@@ -155,9 +156,9 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> dict
         "ranks_per_node": comm_env.get("ranks_per_node"),
         "nccl_version": comm_env.get("nccl_version"),
         "comm_ms_per_step": _r(comm),
-        "share_of_step": _r(comm / wall if wall else None, 4),
+        "share_of_step": _r(comm / wall if comm is not None and wall else None, 4),
         "exposed_ms_per_step": _r(exposed),
-        "overlapped_ms_per_step": _r(comm - exposed if exposed is not None else None),
+        "overlapped_ms_per_step": _r(comm - exposed if comm is not None and exposed is not None else None),
         "exposed_share_of_step": _r(exposed / wall if exposed is not None and wall else None, 4),
         "per_rank": per_rank,
         "per_bucket": [
