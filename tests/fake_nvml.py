@@ -199,6 +199,25 @@ class FakeNvml:
         index = self._device("nvmlDeviceGetUtilizationRates", handle)
         return pynvml.c_nvmlUtilization_t(gpu=self.util_gpu[index], memory=self.util_memory[index])
 
+    # Links of an H200 SXM: PCIe Gen5 x16, 18 NVLink 4 links (NVML reports NVLink 4 as version 6).
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: FakeHandle) -> int:
+        self._device("nvmlDeviceGetMaxPcieLinkGeneration", handle)
+        return 5
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: FakeHandle) -> int:
+        self._device("nvmlDeviceGetMaxPcieLinkWidth", handle)
+        return 16
+
+    def nvmlDeviceGetNvLinkState(self, handle: FakeHandle, link: int) -> int:
+        self._device("nvmlDeviceGetNvLinkState", handle)
+        if link >= 18:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkVersion(self, handle: FakeHandle, link: int) -> int:
+        self._device("nvmlDeviceGetNvLinkVersion", handle)
+        return 6
+
     def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle) -> pynvml.c_nvmlMemory_t:
         index = self._device("nvmlDeviceGetMemoryInfo", handle)
         total, used = self.mem_total[index], self.mem_used[index]

@@ -259,6 +259,10 @@ def test_gpu_inventory_through_fake():
         "pci_device_id": "0x233510de",
         "pci_device": "0x2335",
         "memory_total_bytes": 141 * GIB,
+        "pcie_max_gen": 5,
+        "pcie_max_width": 16,
+        "nvlink_links_active": 18,
+        "nvml_nvlink_version": 6,
     }
     assert fake.init_count == 0  # balanced init/shutdown
     json.dumps(inventory)

@@ -125,10 +125,24 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> dict
     )
     backend = comm_env.get("backend")
     on_gpu = bool((run.manifest.gpus or {}).get("gpus"))
+    gpu0 = ((run.manifest.gpus or {}).get("gpus") or [{}])[0]
+    hints = {
+        k: gpu0.get(k)
+        for k in ("nvml_nvlink_version", "nvlink_links_active", "pcie_max_gen", "pcie_max_width")
+        if isinstance(gpu0, dict) and gpu0.get(k) is not None
+    }
+    # The catalog speaks of the link's generation and width; the inventory of what NVML reported.
+    gpu_link = {
+        **({"nvml_nvlink_version": hints["nvml_nvlink_version"]} if "nvml_nvlink_version" in hints else {}),
+        **({"nvlink_links_active": hints["nvlink_links_active"]} if "nvlink_links_active" in hints else {}),
+        **({"pcie_gen": hints["pcie_max_gen"]} if "pcie_max_gen" in hints else {}),
+        **({"pcie_width": hints["pcie_max_width"]} if "pcie_max_width" in hints else {}),
+    }
     choice = expected_link(
         backend=str(backend or ("nccl" if on_gpu else "gloo")),
         device="cuda" if on_gpu else "cpu",
         num_nodes=run.manifest.num_nodes,
+        gpu_link=gpu_link or None,
     )
     # Bandwidth-bound figure for the verdict: the biggest collective's bus bandwidth.
     biggest = max(

@@ -369,6 +369,33 @@ def gpu_inventory(lib: Any = None) -> dict[str, object] | None:
         _shutdown(loaded)
 
 
+def _links(lib: Any, handle: Any, ask: Callable[[str, Callable[[], Any]], Any]) -> dict[str, int | None]:
+    """What the GPU's links can carry, for comparing measured collective bandwidth with the link's.
+
+    The maximum PCIe generation and width, not the current ones: an idle GPU drops its link to Gen1.
+    `nvml_nvlink_version` is NVML's raw nvmlNvlinkVersion_t (6 is NVLink 4, on an H100 or H200), kept
+    raw so that the analysis maps it once (tuneup.analyze.interconnect).
+    """
+    gen = ask("PCIe generation", lambda: lib.nvmlDeviceGetMaxPcieLinkGeneration(handle))
+    width = ask("PCIe width", lambda: lib.nvmlDeviceGetMaxPcieLinkWidth(handle))
+    active: list[int] = []
+    for link in range(int(getattr(lib, "NVML_NVLINK_MAX_LINKS", 18))):
+        state = ask("NVLink state", lambda n=link: lib.nvmlDeviceGetNvLinkState(handle, n))
+        if state is None:
+            break  # NVLink absent (PCIe GPU) or the query unsupported: stop asking
+        if int(state) == int(getattr(lib, "NVML_FEATURE_ENABLED", 1)):
+            active.append(link)
+    version = (
+        ask("NVLink version", lambda: lib.nvmlDeviceGetNvLinkVersion(handle, active[0])) if active else None
+    )
+    return {
+        "pcie_max_gen": int(gen) if gen is not None else None,
+        "pcie_max_width": int(width) if width is not None else None,
+        "nvlink_links_active": len(active) if active else None,
+        "nvml_nvlink_version": int(version) if version is not None else None,
+    }
+
+
 def _inventory(lib: Any) -> dict[str, object]:
     def ask(what: str, call: Callable[[], Any]) -> Any | None:
         try:
@@ -394,6 +421,7 @@ def _inventory(lib: Any) -> dict[str, object]:
                 break
         memory = ask(f"GPU {index} memory", lambda h=handle: lib.nvmlDeviceGetMemoryInfo(h))
         device_id = int(pci.pciDeviceId) if pci is not None else None
+        links = _links(lib, handle, ask)
         gpus.append(
             {
                 "index": index,
@@ -404,6 +432,7 @@ def _inventory(lib: Any) -> dict[str, object]:
                 "pci_device_id": f"0x{device_id:08x}" if device_id is not None else None,
                 "pci_device": f"0x{device_id >> 16:04x}" if device_id is not None else None,
                 "memory_total_bytes": int(memory.total) if memory is not None else None,
+                **links,
             }
         )
     return {
