@@ -84,6 +84,12 @@ def format_summary(run_dir: Path) -> str:
                 "  per rank median step: "
                 + ", ".join(f"rank {p['rank']} {p['median_ms']:.2f} ms" for p in st["per_rank"])
             )
+    comm = r.get("communication")
+    if comm and comm.get("comm_ms_per_step") is not None:
+        lines.append(
+            f"  communication: {comm['comm_ms_per_step']:,.2f} ms of collectives per step "
+            f"({comm['share_of_step']:.1%} of the step), {comm['exposed_ms_per_step'] or 0:,.2f} ms of it waited for"
+        )
     hw = []
     procs = r["telemetry"]["processes"]
     cpu = [p["cpu_percent_mean"] for p in procs if p["cpu_percent_mean"] is not None]
