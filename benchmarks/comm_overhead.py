@@ -49,6 +49,33 @@ class Clock(L.Callback):
     def on_train_batch_end(self, trainer, *args):
         self.t.append(time.perf_counter())
 
+# The probe's own time per step, measured inside: each timed hook call minus the hook it wraps, plus the
+# wrapped collectives' bookkeeping. A lower bound on the probe's cost that whole-fit noise cannot hide.
+import tuneup.collect.comm as comm_module
+
+own = {"s": 0.0}
+original_wrap = comm_module.CommProbe.wrap_hook
+
+def measured_wrap(self, hook):
+    inner = {"s": 0.0}
+    def timed_inner(state, bucket):
+        t = time.perf_counter()
+        try:
+            return hook(state, bucket)
+        finally:
+            inner["s"] += time.perf_counter() - t
+    wrapped = original_wrap(self, timed_inner)
+    def outer(state, bucket):
+        before_inner = inner["s"]
+        t = time.perf_counter()
+        try:
+            return wrapped(state, bucket)
+        finally:
+            own["s"] += (time.perf_counter() - t) - (inner["s"] - before_inner)
+    return outer
+
+comm_module.CommProbe.wrap_hook = measured_wrap
+
 x = torch.randn(64 * 16, 64)
 clock = Clock()
 trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=steps, logger=False,
@@ -59,9 +86,12 @@ if trainer.global_rank == 0:
     gaps = [b - a for a, b in zip(clock.t, clock.t[1:])][steps // 5:]
     with open(result, "w") as f:
         gaps.sort()
-        json.dump({"median_ms": gaps[len(gaps) // 2] * 1000}, f)
+        json.dump({"median_ms": gaps[len(gaps) // 2] * 1000, "own_us_per_step": own["s"] / steps * 1e6}, f)
 torch.distributed.destroy_process_group()
 """
+
+
+OWN_US: list[float] = []
 
 
 def fit_once(arm: str, width: int, steps: int, tmp: Path, n: int) -> float:
@@ -77,7 +107,10 @@ def fit_once(arm: str, width: int, steps: int, tmp: Path, n: int) -> float:
         cwd=tmp,
         timeout=600,
     )
-    return json.loads(result.read_text())["median_ms"]
+    data = json.loads(result.read_text())
+    if arm == "on":
+        OWN_US.append(data["own_us_per_step"])
+    return data["median_ms"]
 
 
 def main() -> None:
@@ -103,6 +136,8 @@ def main() -> None:
         f"\n2-process DDP, MLP width {args.width}, {args.steps} steps, {args.repeats} repeats:\n"
         f"  median step without the probe {off:.3f} ms, with {on:.3f} ms: overhead {on / off - 1:+.2%}\n"
         f"  paired per repeat: median {statistics.median(paired):+.2%}, min {paired[0]:+.2%}, max {paired[-1]:+.2%}\n"
+        f"  inside the probe's hook wrapper (rank 0): median {statistics.median(OWN_US):.1f} us per step "
+        f"= {statistics.median(OWN_US) / 1000 / off:+.3%} of the step\n"
         f"  goal: <= 1% at ~10 ms steps; total {time.perf_counter() - began:.0f} s"
     )
 
