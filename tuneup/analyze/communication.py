@@ -126,17 +126,18 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> dict
     backend = comm_env.get("backend")
     on_gpu = bool((run.manifest.gpus or {}).get("gpus"))
     gpu0 = ((run.manifest.gpus or {}).get("gpus") or [{}])[0]
-    hints = {
-        k: gpu0.get(k)
-        for k in ("nvml_nvlink_version", "nvlink_links_active", "pcie_max_gen", "pcie_max_width")
-        if isinstance(gpu0, dict) and gpu0.get(k) is not None
+    # The inventory's names for NVML's link facts -> expected_link's (which speaks of the link's
+    # generation and width; the inventory records the maxima, as an idle link reports Gen1).
+    link_facts = {
+        "nvml_nvlink_version": "nvml_nvlink_version",
+        "nvlink_links_active": "nvlink_links_active",
+        "pcie_max_gen": "pcie_gen",
+        "pcie_max_width": "pcie_width",
     }
-    # The catalog speaks of the link's generation and width; the inventory of what NVML reported.
     gpu_link = {
-        **({"nvml_nvlink_version": hints["nvml_nvlink_version"]} if "nvml_nvlink_version" in hints else {}),
-        **({"nvlink_links_active": hints["nvlink_links_active"]} if "nvlink_links_active" in hints else {}),
-        **({"pcie_gen": hints["pcie_max_gen"]} if "pcie_max_gen" in hints else {}),
-        **({"pcie_width": hints["pcie_max_width"]} if "pcie_max_width" in hints else {}),
+        theirs: gpu0[ours]
+        for ours, theirs in link_facts.items()
+        if isinstance(gpu0, dict) and gpu0.get(ours) is not None
     }
     choice = expected_link(
         backend=str(backend or ("nccl" if on_gpu else "gloo")),
