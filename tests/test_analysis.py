@@ -154,3 +154,53 @@ def test_gpu_and_host_telemetry_figures(tmp_path: Path) -> None:
     assert report["telemetry"]["processes"][0]["cpu_percent_mean"] == 100.0
     ids = {f["id"] for f in report["findings"]}
     assert {"low_gpu_util", "gpu_memory_full", "gpu_throttled"} <= ids
+
+
+def test_collectives_far_below_the_gpus_link_are_flagged(tmp_path: Path) -> None:
+    # Two H200s on NVLink 4 whose 256 MiB all-reduces take 1 s each: ~0.27 GB/s of bus bandwidth where
+    # NVLink carries hundreds, as when NCCL has fallen back to sockets.
+    path = tmp_path / "run"
+    gpu = {
+        "name": "NVIDIA H200",
+        "nvml_nvlink_version": 6,
+        "nvlink_links_active": 18,
+        "pcie_max_gen": 5,
+        "pcie_max_width": 16,
+    }
+    write_manifest(
+        path,
+        {
+            "run_id": "slow-link",
+            "created_unix": 1000.0,
+            "world_size": 2,
+            "num_nodes": 1,
+            "gpus": {"gpus": [gpu, gpu]},
+            "communication": {"backend": "nccl", "ranks_per_node": 2},
+        },
+    )
+    size = 256 * 2**20
+    for rank in range(2):
+        w = RankWriter(path, rank)
+        w.open({"host": "h", "start_unix": 1000.0})
+        for step in range(10):
+            rec = phased(step, backward=1000.0)
+            rec.update(comm_ms=1000.0, comm_exposed_ms=900.0, comm_bytes=size, comm_count=1)
+            rec["_collectives"] = [
+                {
+                    "kind": "all_reduce",
+                    "bytes": size,
+                    "dtype": "bfloat16",
+                    "bucket": 0,
+                    "duration_ms": 1000.0,
+                    "source": "ddp_hook",
+                    "world_size": 2,
+                }
+            ]
+            w.add_step(rec)
+        w.close()
+    report = analyze_run(load_run(path))
+    link = report["communication"]["link"]
+    assert link["name"].startswith("NVLink4") and link["far_below"] is True
+    assert link["measured_busbw_gbytes_per_s"] == pytest.approx(2 * 0.5 * size / 1e9, rel=0.01)
+    assert {"slow_link", "exposed_communication"} <= {f["id"] for f in report["findings"]}
+    assert report["communication"]["late_rank"] is None  # everyone is slow alike: the link, not a rank
