@@ -17,8 +17,8 @@ from tuneup.probe import (
     MIB,
     add_arguments,
     parse_size,
+    probe_points,
     probe_records,
-    probe_samples,
     resolve_config,
     run,
     size_ladder,
@@ -147,18 +147,13 @@ CHECKED = [s for s in SIZES if s <= 1 * MIB]
 
 
 def held_out_errors(run_dir: Path, kind: str, world_size: int) -> dict[int, float]:
-    """Fit alpha-beta on every other checked size, from the smallest; the relative error of its
-    prediction of each size in between against that size's median time in the table."""
-    records = probe_records(load_run(run_dir))
-    medians_s = {
-        row.size_bytes: row.median_time_us / 1e6
-        for row in collective_table(records, world_size)
-        if row.kind == kind
-    }
+    """Fit alpha-beta on every other checked size, from the smallest, as the probe fits (on each size's
+    time in its table); the relative error of its prediction of each size in between against that
+    size's time in the table."""
+    points = {size: seconds for size, seconds, _ in probe_points(probe_records(load_run(run_dir)), kind)}
     fitted, held_out = CHECKED[::2], CHECKED[1::2]
-    samples = [s for s in probe_samples(records, kind) if s[0] in fitted]
-    fit = fit_alpha_beta(samples, kind, world_size)
-    return {size: fit.predict(size) / medians_s[size] - 1 for size in held_out}
+    fit = fit_alpha_beta([(size, points[size]) for size in fitted], kind, world_size)
+    return {size: fit.predict(size) / points[size] - 1 for size in held_out}
 
 
 def probe_all_reduce(out: Path, iters: int, capfd: pytest.CaptureFixture[str]) -> None:
