@@ -39,3 +39,20 @@ def run_workload(
             f"workload failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc
+
+
+# One 2-process DDP run with a straggler serves the recording tests and the report tests alike:
+# rank 1 sleeps STRAGGLER_SLEEP_MS in every training_step, under accumulate_grad_batches=2.
+STRAGGLER_SLEEP_MS = 25
+STRAGGLER_STEPS = 16
+
+
+@pytest.fixture(scope="session")
+def ddp_straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ddp-straggler") / "run"
+    run_workload(
+        out,
+        *("--devices", "2", "--strategy", "ddp", "--max-steps", str(STRAGGLER_STEPS), "--accumulate", "2"),
+        *("--slow-step-ms", str(STRAGGLER_SLEEP_MS), "--slow-rank", "1"),
+    )
+    return out

@@ -9,41 +9,26 @@ import pytest
 
 from tuneup import load_run
 
-from conftest import run_workload
+from conftest import STRAGGLER_SLEEP_MS, STRAGGLER_STEPS, run_workload
 
 pytestmark = pytest.mark.slow
 
 
-def test_ddp_two_ranks_each_record_and_a_straggler_shows(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    run_workload(
-        out,
-        "--devices",
-        "2",
-        "--strategy",
-        "ddp",
-        "--max-steps",
-        "16",
-        "--accumulate",
-        "2",
-        "--slow-step-ms",
-        "25",
-        "--slow-rank",
-        "1",
-    )
+def test_ddp_two_ranks_each_record_and_a_straggler_shows(ddp_straggler_run: Path) -> None:
+    out = ddp_straggler_run
     run = load_run(out)
     assert run.world_size == 2 and run.missing_ranks == [] and run.warnings == []
     assert run.manifest.trainer["strategy"] == "DDPStrategy"
     assert set(run.rank_hosts) == {0, 1} and all(run.rank_hosts.values())
     for rank in (0, 1):
         steps = run.steps(rank)
-        assert [s.step for s in steps] == list(range(16))
+        assert [s.step for s in steps] == list(range(STRAGGLER_STEPS))
         assert all(s.micro_batches == 2 and s.samples == 16 for s in steps)
     fwd = {r: statistics.median(s.forward_ms for s in run.steps(r)[2:]) for r in (0, 1)}
     bwd = {r: statistics.median(s.backward_ms for s in run.steps(r)[2:]) for r in (0, 1)}
-    # Rank 1 sleeps 25 ms per micro-batch in training_step; rank 0 waits for it in the gradient all-reduce.
-    assert fwd[1] - fwd[0] >= 2 * 25 * 0.8, fwd
-    assert bwd[0] - bwd[1] >= 25 * 0.8, bwd
+    # Rank 1 sleeps in training_step every micro-batch; rank 0 waits for it in the gradient all-reduce.
+    assert fwd[1] - fwd[0] >= 2 * STRAGGLER_SLEEP_MS * 0.8, fwd
+    assert bwd[0] - bwd[1] >= STRAGGLER_SLEEP_MS * 0.8, bwd
     # Rank 0 also waits in Lightning's per-batch SIGTERM broadcast; that wait is not the dataloader's.
     assert run.ranks[0].info.raw["data_timing"] == "fetch"
     assert statistics.median(s.data_ms for s in run.steps(0)[2:]) < 10

@@ -13,7 +13,6 @@ import pytest
 from tuneup.report import report_schema, write_report
 from tuneup.report.artifacts import SECTIONS
 
-from conftest import run_workload
 from synthetic import make_run
 
 
@@ -34,30 +33,11 @@ class SectionParser(HTMLParser):
             self.scripts += 1
 
 
-@pytest.fixture(scope="module")
-def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ddp") / "run"
-    run_workload(
-        out,
-        "--devices",
-        "2",
-        "--strategy",
-        "ddp",
-        "--max-steps",
-        "24",
-        "--slow-step-ms",
-        "30",
-        "--slow-rank",
-        "1",
-    )
-    return out
-
-
 @pytest.mark.slow
-def test_report_of_a_real_two_rank_run_in_all_formats(straggler_run: Path, tmp_path: Path) -> None:
+def test_report_of_a_real_two_rank_run_in_all_formats(ddp_straggler_run: Path, tmp_path: Path) -> None:
     import jsonschema
 
-    written = write_report(straggler_run, tmp_path / "report")
+    written = write_report(ddp_straggler_run, tmp_path / "report")
     names = {p.name for p in written.files}
     assert {"report.html", "report.md", "report.json"} <= names
     assert {

@@ -1,4 +1,4 @@
-"""Quantiles, in one definition for the record's window aggregates and the report's figures alike."""
+"""Quantiles and rounding, in one definition for the record's window aggregates and the report's figures."""
 
 from __future__ import annotations
 
@@ -12,3 +12,8 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def rounded(value: float | None, digits: int = 3) -> float | None:
+    """`value` rounded for a report, None kept None (a figure that could not be measured)."""
+    return None if value is None else round(float(value), digits)

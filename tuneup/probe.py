@@ -19,7 +19,6 @@ import argparse
 import os
 import random
 import re
-import secrets
 import signal
 import socket
 import subprocess
@@ -29,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tuneup.record.schema import new_run_id
 
 if TYPE_CHECKING:
     from tuneup.analyze.interconnect import AlphaBetaFit
@@ -210,10 +211,6 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _new_run_id() -> str:
-    return f"probe-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
 def _positive_int(value: Any, option: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         least = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
@@ -284,7 +281,7 @@ def resolve_config(args: argparse.Namespace, gpu_count: Callable[[], int] = _gpu
         )
     sizes = size_ladder(min_bytes, max_bytes, factor, quantum)
 
-    run_id = _new_run_id()
+    run_id = new_run_id("probe")
     out_dir = Path(args.out) if args.out else Path("reports") / "probe" / run_id
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file; give a directory")

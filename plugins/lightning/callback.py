@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import secrets
 import socket
 import time
 from collections import deque
@@ -30,7 +29,7 @@ from tuneup.collect.drainer import Drainer
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
 from tuneup.plugins.lightning.fetch_tap import FetchTap, fetch_actions
 from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, trainer_config
-from tuneup.record.schema import MANIFEST_FILE
+from tuneup.record.schema import MANIFEST_FILE, new_run_id
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
 
 
@@ -83,10 +82,6 @@ def _guarded(hook: F) -> F:
 def _check_positive(name: str, value: Any, kind: type | tuple[type, ...] = (int, float)) -> None:
     if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
         raise ValueError(f"TuneupCallback({name}=...) must be a positive number, got {value!r}")
-
-
-def _new_run_id() -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def _free_run_dir(base: Path) -> Path:
@@ -236,7 +231,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._comm.install()
 
     def _choose_run_dir(self, trainer: Any) -> tuple[str, str]:
-        run_id = _new_run_id()
+        run_id = new_run_id()
         if self.dirpath is not None:
             run_dir = _free_run_dir(self.dirpath)
             # A directory the user named ("run", "exp42") is not an id: the id names this run anywhere.

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from tuneup._stats import quantile
+from tuneup._stats import rounded as _r
 from tuneup._version import __version__
 from tuneup.analyze.communication import communication_section
 from tuneup.analyze.findings import (
@@ -32,10 +33,6 @@ REPORT_SCHEMA_VERSION = 1
 # A step whose data wait exceeds both of these is a data-loader stall.
 STALL_FACTOR_OF_MEDIAN = 3.0
 STALL_SHARE_OF_STEP = 0.25
-
-
-def _r(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(float(value), digits)
 
 
 def _int(value: float | None) -> int | None:

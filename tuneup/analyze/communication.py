@@ -12,6 +12,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from tuneup._stats import rounded as _r
 from tuneup.analyze.interconnect import (
     GB,
     collective_table,
@@ -24,10 +25,6 @@ from tuneup.record.schema import CollectiveRecord, Run, StepRecord
 # A rank whose collectives take under this share of the others' median arrives late at them.
 LATE_ARRIVAL_RATIO = 0.5
 LATE_ARRIVAL_MIN_MS = 1.0
-
-
-def _r(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(float(value), digits)
 
 
 def _mean(values: list[float]) -> float | None:

@@ -16,6 +16,8 @@ its unit (`_ms`, `_s`). Byte counts end in `_bytes`.
 
 from __future__ import annotations
 
+import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,12 @@ STEP_METRICS = (
 
 # Window statistics, in the order they are written.
 WINDOW_STATS = ("n", "mean", "p50", "p95", "max")
+
+
+def new_run_id(prefix: str = "") -> str:
+    """A run id that sorts by start time and does not collide: `[prefix-]YYYYmmdd-HHMMSS-xxxxxx`."""
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    return f"{prefix}-{stamp}" if prefix else stamp
 
 
 def rank_dir_name(rank: int) -> str:
