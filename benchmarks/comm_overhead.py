@@ -1,13 +1,31 @@
-"""What timing every gradient collective costs: 2-process DDP on CPU, with and without it (goal: <= 1%
-at ~10 ms steps).
+"""What timing every gradient collective costs: 2-process DDP on CPU, arms in lockstep in one launch.
 
-    python benchmarks/comm_overhead.py [--repeats 5] [--steps 300] [--width 768]
+    python benchmarks/comm_overhead.py [--repeats 3] [--slices 60] [--width 1024] [--json PATH]
 
-Both arms train with TuneupCallback; one with `profile_communication=False`, so the difference is the
-communication probe alone (the comm hook wrapper, the wrapped collectives, the per-collective records).
-Each measurement is one 2-process DDP fit launched in its own process; the arms alternate, A B A B, so
-the machine's drift hits both. A fit's figure is the median step time on rank 0 after the first 20% of
-steps; the overhead is the ratio of the medians over repeats, with the paired per-repeat ratios beside it.
+Goal: the probe costs <= 1% at ~10 ms steps.
+
+One launch of 2 processes (gloo over loopback). Each process builds the same MLP once per arm, each in
+its own `DistributedDataParallel` over the one process group:
+
+    builtin      DDP as it comes: its C++ all-reduce, no comm hook (what a CPU run without tuneup does)
+    python-hook  DDP with torch's Python `allreduce_hook` registered, no probe
+    probe        DDP with tuneup's `CommProbe` installed and its default hook registered, as
+                 `TuneupCallback` does on CPU; every step the step's collectives are taken from the probe
+                 and resolved to records, inline (the callback does that on its writer thread; inline is
+                 the conservative choice on 2 cores)
+    probe-wrap   the probe wrapping torch's `allreduce_hook`, as it wraps a user's own hook (or
+                 Lightning's on CUDA)
+
+Why lockstep in one launch: whole launches differ from each other by more than the 1% in question (an
+earlier version of this script, one launch per arm, gave +2% to +9% from one pair of launches to the
+next). Here the arms take turns every 10 steps (a slice), in an order that rotates every slice, so the
+machine's drift hits them alike, and both processes follow the same schedule (DDP synchronizes them at
+every step anyway).
+
+A step is forward, backward (the all-reduces overlap it), the optimizer step, timed on rank 0 with
+`time.perf_counter`. Per arm, a repeat's figure is the median over slices of the slice's mean step time
+(the first 20% of slices are warm-up); paired = median over slices of (arm's slice / builtin's slice of
+the same round) - 1. Reported: medians over repeats, the paired figures' min and max over repeats.
 """
 
 from __future__ import annotations
@@ -15,132 +33,186 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-WORKER = """
-import json, sys, time, torch
-import lightning.pytorch as L
-from torch.utils.data import DataLoader, TensorDataset
-from tuneup import TuneupCallback
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 
-width, steps, comm, out, result = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "on", sys.argv[4], sys.argv[5]
-torch.set_num_threads(1)
-torch.manual_seed(0)
+from tuneup.collect.comm import CommProbe, resolve_collectives
 
-class Net(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                       torch.nn.ReLU(), torch.nn.Linear(width, 1))
-    def training_step(self, batch, i):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=1e-3)
-
-class Clock(L.Callback):
-    def __init__(self):
-        self.t = []
-    def on_train_batch_end(self, trainer, *args):
-        self.t.append(time.perf_counter())
-
-# The probe's own time per step, measured inside: each timed hook call minus the hook it wraps, plus the
-# wrapped collectives' bookkeeping. A lower bound on the probe's cost that whole-fit noise cannot hide.
-import tuneup.collect.comm as comm_module
-
-own = {"s": 0.0}
-original_wrap = comm_module.CommProbe.wrap_hook
-
-def measured_wrap(self, hook):
-    inner = {"s": 0.0}
-    def timed_inner(state, bucket):
-        t = time.perf_counter()
-        try:
-            return hook(state, bucket)
-        finally:
-            inner["s"] += time.perf_counter() - t
-    wrapped = original_wrap(self, timed_inner)
-    def outer(state, bucket):
-        before_inner = inner["s"]
-        t = time.perf_counter()
-        try:
-            return wrapped(state, bucket)
-        finally:
-            own["s"] += (time.perf_counter() - t) - (inner["s"] - before_inner)
-    return outer
-
-comm_module.CommProbe.wrap_hook = measured_wrap
-
-x = torch.randn(64 * 16, 64)
-clock = Clock()
-trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=steps, logger=False,
-                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                    callbacks=[clock, TuneupCallback(dirpath=out, profile_communication=comm)])
-trainer.fit(Net(), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=64))
-if trainer.global_rank == 0:
-    gaps = [b - a for a, b in zip(clock.t, clock.t[1:])][steps // 5:]
-    with open(result, "w") as f:
-        gaps.sort()
-        json.dump({"median_ms": gaps[len(gaps) // 2] * 1000, "own_us_per_step": own["s"] / steps * 1e6}, f)
-torch.distributed.destroy_process_group()
-"""
+ARMS = ("builtin", "python-hook", "probe", "probe-wrap")
+SLICE_STEPS = 10
+WARMUP_FRACTION = 0.2
+BATCH = 64
+IN_DIM = 64
+GOAL_PERCENT = 1.0
 
 
-OWN_US: list[float] = []
-
-
-def fit_once(arm: str, width: int, steps: int, tmp: Path, n: int) -> float:
-    script = tmp / "worker.py"
-    script.write_text(WORKER)
-    result = tmp / f"{arm}-{n}.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    subprocess.run(
-        [sys.executable, str(script), str(width), str(steps), arm, str(tmp / f"run-{arm}-{n}"), str(result)],
-        check=True,
-        capture_output=True,
-        env=env,
-        cwd=tmp,
-        timeout=600,
+def make_net(width: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN_DIM, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, 1),
     )
-    data = json.loads(result.read_text())
-    if arm == "on":
-        OWN_US.append(data["own_us_per_step"])
-    return data["median_ms"]
+
+
+def host_elapsed_ms(a: float, b: float) -> float:
+    return (b - a) * 1000.0
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        models: dict[str, DistributedDataParallel] = {}
+        models["builtin"] = DistributedDataParallel(make_net(args.width))
+        models["python-hook"] = DistributedDataParallel(make_net(args.width))
+        models["python-hook"].register_comm_hook(state=None, hook=allreduce_hook)
+        probe = CommProbe(on_cuda=False, world_size=world)
+        probe.install()
+        models["probe"] = DistributedDataParallel(make_net(args.width))
+        probe.register_default_hook(models["probe"])
+        models["probe-wrap"] = DistributedDataParallel(make_net(args.width))
+        models["probe-wrap"].register_comm_hook(
+            state=None, hook=allreduce_hook
+        )  # through the probe's wrapper
+        optimizers = {arm: torch.optim.SGD(m.parameters(), lr=1e-4) for arm, m in models.items()}
+        g = torch.Generator().manual_seed(rank)
+        batches = [
+            (torch.randn(BATCH, IN_DIM, generator=g), torch.randn(BATCH, 1, generator=g)) for _ in range(8)
+        ]
+        collectives_per_step: list[int] = []
+
+        def step(arm: str, i: int) -> float:
+            model, opt = models[arm], optimizers[arm]
+            x, y = batches[i % len(batches)]
+            start, cpu_start = time.perf_counter(), time.process_time()
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if arm.startswith("probe"):
+                records, _summary = resolve_collectives(probe.take(), host_elapsed_ms, start)
+                collectives_per_step.append(len(records))
+            return time.perf_counter() - start, time.process_time() - cpu_start
+
+        results = []
+        for repeat in range(args.repeats):
+            slices: dict[str, list[float]] = {arm: [] for arm in ARMS}
+            cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
+            for s in range(args.slices):
+                order = ARMS[s % len(ARMS) :] + ARMS[: s % len(ARMS)]
+                for arm in order:
+                    times = [step(arm, s * SLICE_STEPS + k) for k in range(SLICE_STEPS)]
+                    slices[arm].append(statistics.fmean(t[0] for t in times) * 1000.0)
+                    cpu[arm].append(statistics.fmean(t[1] for t in times) * 1000.0)
+            results.append({"wall": slices, "cpu": cpu})
+            if rank == 0:
+                mean = {
+                    arm: statistics.median(v[int(len(v) * WARMUP_FRACTION) :]) for arm, v in slices.items()
+                }
+                print(
+                    f"repeat {repeat + 1}/{args.repeats}: "
+                    + ", ".join(f"{arm} {ms:.3f} ms" for arm, ms in mean.items()),
+                    flush=True,
+                )
+        probe.uninstall()
+        if rank == 0:
+            buckets = statistics.median(collectives_per_step) if collectives_per_step else 0
+            Path(out).write_text(json.dumps({"repeats": results, "collectives_per_step": buckets}))
+    finally:
+        dist.destroy_process_group()
+
+
+def summarize_measure(repeats: list[dict[str, list[float]]], slices: int) -> dict[str, Any]:
+    """Medians over repeats of each arm's median slice, and paired ratios against builtin and python-hook."""
+    skip = int(slices * WARMUP_FRACTION)
+    per_arm: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    paired: dict[str, list[float]] = {arm: [] for arm in ARMS[1:]}
+    vs_hook: dict[str, list[float]] = {arm: [] for arm in ARMS[2:]}
+    for by_arm in repeats:
+        kept = {arm: v[skip:] for arm, v in by_arm.items()}
+        for arm in ARMS:
+            per_arm[arm].append(statistics.median(kept[arm]))
+        for arm in ARMS[1:]:
+            paired[arm].append(
+                statistics.median(a / b - 1 for a, b in zip(kept[arm], kept["builtin"], strict=True))
+            )
+        for arm in ARMS[2:]:
+            vs_hook[arm].append(
+                statistics.median(a / b - 1 for a, b in zip(kept[arm], kept["python-hook"], strict=True))
+            )
+    medians = {arm: statistics.median(v) for arm, v in per_arm.items()}
+    return {
+        "step_ms": medians,
+        "vs_builtin": {arm: medians[arm] / medians["builtin"] - 1 for arm in ARMS[1:]},
+        "paired_vs_builtin": {arm: [statistics.median(v), min(v), max(v)] for arm, v in paired.items()},
+        "paired_vs_python_hook": {arm: [statistics.median(v), min(v), max(v)] for arm, v in vs_hook.items()},
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--width", type=int, default=768, help="MLP width; 768 gives ~10 ms steps on 2 cores")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--slices", type=int, default=60, help="rounds of 10 steps per arm, per repeat")
+    p.add_argument("--width", type=int, default=1024, help="MLP width; 1024 gives ~10 ms steps on 2 cores")
+    p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
     began = time.perf_counter()
-    results: dict[str, list[float]] = {"on": [], "off": []}
-    with tempfile.TemporaryDirectory(prefix="tuneup-comm-bench-") as name:
-        tmp = Path(name)
-        for r in range(args.repeats):
-            for arm in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                results[arm].append(fit_once(arm, args.width, args.steps, tmp, r))
-            print(
-                f"repeat {r + 1}/{args.repeats}: off {results['off'][-1]:.3f} ms, on {results['on'][-1]:.3f} ms",
-                flush=True,
-            )
-    off, on = statistics.median(results["off"]), statistics.median(results["on"])
-    paired = sorted(a / b - 1 for a, b in zip(results["on"], results["off"], strict=True))
+    with tempfile.TemporaryDirectory(prefix="tuneup-comm-bench-") as tmp:
+        out = str(Path(tmp) / "result.json")
+        mp.spawn(worker, args=(2, free_port(), args, out), nprocs=2, join=True)
+        data = json.loads(Path(out).read_text())
+    summary = {
+        "width": args.width,
+        "repeats": args.repeats,
+        "slices": args.slices,
+        "collectives_per_step": data["collectives_per_step"],
+        **{m: summarize_measure([r[m] for r in data["repeats"]], args.slices) for m in ("wall", "cpu")},
+    }
     print(
-        f"\n2-process DDP, MLP width {args.width}, {args.steps} steps, {args.repeats} repeats:\n"
-        f"  median step without the probe {off:.3f} ms, with {on:.3f} ms: overhead {on / off - 1:+.2%}\n"
-        f"  paired per repeat: median {statistics.median(paired):+.2%}, min {paired[0]:+.2%}, max {paired[-1]:+.2%}\n"
-        f"  inside the probe's hook wrapper (rank 0): median {statistics.median(OWN_US):.1f} us per step "
-        f"= {statistics.median(OWN_US) / 1000 / off:+.3%} of the step\n"
-        f"  goal: <= 1% at ~10 ms steps; total {time.perf_counter() - began:.0f} s"
+        f"\n2-process DDP (gloo, CPU), MLP {IN_DIM}-{args.width}-{args.width}-1, batch {BATCH}, "
+        f"{summary['collectives_per_step']:.0f} buckets/step, {args.repeats} repeats x {args.slices} slices "
+        f"x {SLICE_STEPS} steps per arm, lockstep. wall: rank 0's step time; cpu: its process's CPU time "
+        "per step, all threads"
     )
+    for measure in ("wall", "cpu"):
+        m = summary[measure]
+        print(
+            f"  {measure:<5}{'arm':<12} {'ms/step':>8} {'vs builtin':>11} {'paired':>8} {'[min, max]':>18}"
+            f" {'vs python-hook':>15} {'[min, max]':>18}"
+        )
+        for arm in ARMS:
+            line = f"       {arm:<12} {m['step_ms'][arm]:>8.3f}"
+            if arm != "builtin":
+                med, lo, hi = m["paired_vs_builtin"][arm]
+                line += f" {m['vs_builtin'][arm]:>+11.2%} {med:>+8.2%} {f'[{lo:+.2%}, {hi:+.2%}]':>18}"
+            if arm in m["paired_vs_python_hook"]:
+                med, lo, hi = m["paired_vs_python_hook"][arm]
+                line += f" {med:>+15.2%} {f'[{lo:+.2%}, {hi:+.2%}]':>18}"
+            print(line)
+    print(f"  goal: probe <= {GOAL_PERCENT:.0f}% at ~10 ms steps; total {time.perf_counter() - began:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

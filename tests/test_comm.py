@@ -40,7 +40,7 @@ def test_ddp_default_hook_under_accumulation_times_each_bucket_once_per_optimize
             ("all_reduce", GRAD_BYTES, "float32", 0, 2)
         }
     ddp_logging = [e for e in run.ranks[0].events if e["kind"] == "ddp_logging"]
-    assert ddp_logging and ddp_logging[0]["comm_hook"] == "allreduce_hook"
+    assert ddp_logging and ddp_logging[0]["comm_hook"] == "timed_allreduce_hook"
 
 
 def test_fp16_compression_halves_the_bytes(tmp_path: Path) -> None:
