@@ -271,6 +271,10 @@ def test_internal_failure_disables_tuneup_not_training(tmp_path: Path, caplog, m
         ({"batch_size_fn": 3}, "batch_size_fn"),
         ({"dirpath": 5}, "dirpath"),
         ({"max_lag_steps": -1}, "max_lag_steps"),
+        ({"flops_per_sample": 0}, "flops_per_sample"),
+        ({"electricity_usd_per_kwh": -0.1}, "electricity_usd_per_kwh"),
+        ({"price_per_hour": 2.0, "price_per": "rack"}, "'node' or 'gpu'"),
+        ({"spot": True}, "need instance="),
     ],
 )
 def test_invalid_options_fail_at_construction(kwargs: dict, message: str) -> None:
@@ -343,3 +347,25 @@ def test_a_run_directory_that_cannot_be_chosen_disables_tuneup_not_training(tmp_
     assert (
         "cannot choose a run directory (PermissionError" in messages and "tuneup stops recording" in messages
     )
+
+
+def test_flops_are_counted_once_and_the_price_choice_is_recorded(tmp_path: Path) -> None:
+    cb = TuneupCallback(dirpath=tmp_path / "run", instance="aws:p4d.24xlarge", electricity_usd_per_kwh=0.15)
+    fit("lightning", tmp_path / "run", max_steps=6, callback=cb)
+    run = load_run(cb.run_dir)
+    flops = [e for e in run.ranks[0].events if e["kind"] == "flops"]
+    # Hand count for the tiny model (see tests/test_comm.py): 2240 FLOPs per sample, batch 8.
+    assert [(e["flops"], e["samples"], e["step"]) for e in flops] == [(2240 * 8, 8, 0)]
+    pricing = run.manifest.raw["pricing"]
+    assert pricing["instance"] == "aws:p4d.24xlarge" and pricing["source"] == "callback"
+    assert pricing["electricity_usd_per_kwh"] == 0.15
+    # The counted micro-batch ran inside FlopCounterMode; nothing of it is left on later steps.
+    assert not cb._flops.counting
+
+
+def test_flops_per_sample_replaces_counting(tmp_path: Path) -> None:
+    cb = TuneupCallback(dirpath=tmp_path / "run", flops_per_sample=1e6)
+    fit("pytorch_lightning", tmp_path / "run", max_steps=4, callback=cb)
+    run = load_run(cb.run_dir)
+    assert not [e for e in run.ranks[0].events if e["kind"] == "flops"]
+    assert run.manifest.raw["flops"] == {"flops_per_sample": 1e6, "count_flops": False}

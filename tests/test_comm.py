@@ -18,6 +18,19 @@ pytestmark = pytest.mark.slow
 # tests/workloads/tiny.py trains Linear(16, 32) -> ReLU -> Linear(32, 1): 577 float32 parameters.
 PARAMS = 16 * 32 + 32 + 32 + 1
 GRAD_BYTES = PARAMS * 4
+# FLOPs of one micro-batch of the tiny model per sample, by hand: forward 2 x (16x32 + 32x1) products;
+# backward the weight gradients of both layers (2 x (16x32 + 32x1)) and the hidden activations' gradient
+# (2 x 32), but not the input's, which needs none. Biases and ReLU are not matrix products.
+FLOPS_PER_SAMPLE = 2 * (16 * 32 + 32) + 2 * (16 * 32 + 32) + 2 * 32
+
+
+def assert_flops_counted_once_per_rank(run, batch: int = 8) -> None:  # type: ignore[no-untyped-def]
+    """Counting FLOPs under DDP or FSDP2 (comm hooks and collectives inside the dispatch mode) works."""
+    for rank in (0, 1):
+        events = [e for e in run.ranks[rank].events if e["kind"] == "flops"]
+        assert [(e["flops"], e["samples"], e["step"]) for e in events] == [
+            (FLOPS_PER_SAMPLE * batch, batch, 0)
+        ]
 
 
 def test_ddp_default_hook_under_accumulation_times_each_bucket_once_per_optimizer_step(
@@ -41,6 +54,7 @@ def test_ddp_default_hook_under_accumulation_times_each_bucket_once_per_optimize
         }
     ddp_logging = [e for e in run.ranks[0].events if e["kind"] == "ddp_logging"]
     assert ddp_logging and ddp_logging[0]["comm_hook"] == "timed_allreduce_hook"
+    assert_flops_counted_once_per_rank(run)
 
 
 def test_fp16_compression_halves_the_bytes(tmp_path: Path) -> None:
@@ -95,3 +109,4 @@ def test_fsdp2_gathers_and_scatters_each_layer_shard(tmp_path: Path) -> None:
         assert all(s.comm_bytes == 3 * sum(padded) and s.comm_count == 6 for s in steps)
     shard_bytes = {c.bytes // c.world_size for c in run.ranks[0].collectives}
     assert shard_bytes == {b // world for b in padded}
+    assert_flops_counted_once_per_rank(run)

@@ -2,6 +2,7 @@
 
     tuneup report RUN_DIR   the run as HTML, Markdown and JSON, with plots
     tuneup show RUN_DIR     headline figures, findings and warnings of a recorded run, in the terminal
+    tuneup catalog          the cloud instances (USD/hour) a run can be priced with
     tuneup probe-network    time collectives over message sizes (under torchrun) and fit the link
     tuneup demo             train a small transformer LM with the callback, then report on its run
 
@@ -16,8 +17,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuneup._version import __version__
+
+if TYPE_CHECKING:
+    from tuneup.cost.figures import CostOptions
 
 EXIT_USAGE = 2
 
@@ -114,12 +119,77 @@ def format_summary(run_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def _write_report(run_dir: Path, out_dir: Path | None, formats: str) -> int:
+def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options that price a run after the fact; they replace the price the run recorded, if any."""
+    group = parser.add_argument_group(
+        "cost", "price the run (replaces a price it recorded); `tuneup catalog` lists the instances"
+    )
+    price = group.add_mutually_exclusive_group()
+    price.add_argument("--instance", metavar="KEY", help="a catalog instance, e.g. aws:p4d.24xlarge")
+    price.add_argument("--price-per-hour", metavar="USD", type=float, help="your own price in USD per hour")
+    group.add_argument("--spot", action="store_true", help="with --instance: its spot price")
+    group.add_argument(
+        "--price-per",
+        choices=("node", "gpu"),
+        default="node",
+        help="with --price-per-hour: the price of one node or of one GPU (default: %(default)s)",
+    )
+    group.add_argument(
+        "--catalog", metavar="CSV", help="instances that extend or override the packaged catalog"
+    )
+    group.add_argument(
+        "--electricity-price", metavar="USD_PER_KWH", type=float, help="to cost the GPUs' energy"
+    )
+    group.add_argument(
+        "--target-tokens", metavar="N", type=float, help="also project time and cost to N tokens"
+    )
+    group.add_argument("--target-steps", metavar="N", type=int, help="also project time and cost to N steps")
+
+
+def cost_options(args: argparse.Namespace) -> CostOptions | None:
+    """The cost options given on the command line, checked; UsageError names the option and the fix."""
+    from tuneup.cost.catalog import CatalogError, load_instances
+    from tuneup.cost.figures import CostOptions
+    from tuneup.cost.pricing import PriceChoice, PricingError, check_choice
+
+    for name in ("electricity_price", "target_tokens", "target_steps"):
+        value = getattr(args, name, None)
+        if value is not None and not (value > 0 and value != float("inf")):
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    try:
+        if args.catalog is not None:
+            load_instances(args.catalog)  # a bad file fails here, naming its line
+        choice = None
+        if args.instance is not None or args.price_per_hour is not None:
+            choice = PriceChoice(
+                instance=args.instance,
+                spot=args.spot,
+                price_per_hour=args.price_per_hour,
+                price_per=args.price_per,
+                catalog=args.catalog,
+                source="command line",
+            )
+            choice = check_choice(choice, where="--instance" if args.instance else "--price-per-hour")
+        elif args.spot:
+            raise PricingError("--spot needs --instance")
+    except (CatalogError, PricingError) as exc:
+        raise UsageError(str(exc)) from None
+    options = CostOptions(
+        price=choice,
+        catalog=args.catalog,
+        electricity_usd_per_kwh=args.electricity_price,
+        target_tokens=args.target_tokens,
+        target_steps=args.target_steps,
+    )
+    return options if options != CostOptions() else None
+
+
+def _write_report(run_dir: Path, out_dir: Path | None, formats: str, cost: CostOptions | None = None) -> int:
     from tuneup.record import RunRecordError
     from tuneup.report import ReportError, write_report
 
     try:
-        written = write_report(run_dir, out_dir, formats)
+        written = write_report(run_dir, out_dir, formats, cost)
     except (RunRecordError, ReportError) as exc:
         raise UsageError(str(exc)) from None
     for path in written.files:
@@ -138,7 +208,37 @@ def _write_report(run_dir: Path, out_dir: Path | None, formats: str) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    return _write_report(Path(args.run_dir), Path(args.out) if args.out else None, args.format)
+    return _write_report(
+        Path(args.run_dir), Path(args.out) if args.out else None, args.format, cost_options(args)
+    )
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from tuneup.cost.catalog import CatalogError, load_instances
+
+    try:
+        catalog = load_instances(args.catalog)
+    except CatalogError as exc:
+        raise UsageError(str(exc)) from None
+    rows = [r for r in catalog if not args.gpu or args.gpu.lower() in r.gpu.lower()]
+    if not rows:
+        raise UsageError(f"no instance with a GPU matching {args.gpu!r}; run tuneup catalog without --gpu")
+    dates = catalog.as_of_dates()
+    print(
+        f"catalog {catalog.version}: {len(rows)} instance(s), prices as of {dates.earliest} to {dates.latest}"
+        + (f" ({dates.undated} undated)" if dates.undated else "")
+        + (f", with {catalog.user_catalog}" if catalog.user_catalog else "")
+    )
+    print(f"  {'key':<42} {'GPUs':<18} {'USD/h':>9} {'spot':>9}  as of       doubt")
+    for r in rows:
+        spot = f"{r.spot_usd_per_hour:,.2f}" if r.spot_usd_per_hour is not None else "-"
+        doubt = "yes" if r.doubt else ""
+        print(
+            f"  {r.qualified_key:<42} {f'{r.gpu_count} x {r.gpu}':<18} {r.on_demand_usd_per_hour:>9,.2f} "
+            f"{spot:>9}  {r.as_of_date or 'undated':<11} {doubt}"
+        )
+    print("a row marked as doubtful says why in the report; --catalog FILE adds or overrides rows")
+    return 0
 
 
 def cmd_probe_network(args: argparse.Namespace) -> int:
@@ -198,7 +298,20 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--format", default="html,md,json", help="comma-separated: html, md, json (default: %(default)s)"
     )
+    add_cost_arguments(report)
     report.set_defaults(func=cmd_report)
+
+    catalog = sub.add_parser(
+        "catalog",
+        help="list the cloud instances tuneup can price a run with",
+        description="List the packaged catalog of cloud GPU instances (on-demand and spot USD/hour, as-of "
+        "dates), extended or overridden by --catalog.",
+    )
+    catalog.add_argument("--gpu", help="only instances whose GPU name contains this, e.g. H100")
+    catalog.add_argument(
+        "--catalog", metavar="CSV", help="instances that extend or override the packaged ones"
+    )
+    catalog.set_defaults(func=cmd_catalog)
 
     probe = sub.add_parser(
         "probe-network",

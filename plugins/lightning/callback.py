@@ -26,7 +26,9 @@ from tuneup._log import info_once, warn_once
 from tuneup.collect.batch import BatchCounter
 from tuneup.collect.comm import CommProbe
 from tuneup.collect.drainer import Drainer
+from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
+from tuneup.cost.pricing import PriceChoice, check_choice, choice_from_env
 from tuneup.plugins.lightning.fetch_tap import FetchTap, fetch_actions
 from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, trainer_config
 from tuneup.record.schema import MANIFEST_FILE, new_run_id
@@ -114,6 +116,21 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             scatters) when more than one rank trains.
         max_lag_steps: how many steps, beyond the ``flush_every_steps`` that wait to be written anyway,
             CUDA timings may still be unreadable before tuneup waits for the device.
+        instance: the cloud instance the job runs on, as a catalog key (``"aws:p4d.24xlarge"``,
+            ``"gcp:a3-ultragpu-8g"``; ``tuneup.cost.load_instances().keys()`` lists them), to price the run.
+            Checked now: an unknown key raises, naming the closest ones.
+        spot: price the instance at its spot price.
+        price_per_hour: a price of your own in USD per hour, instead of an instance;
+            ``price_per`` says whether it is per ``"node"`` (default) or per ``"gpu"``.
+        catalog: a CSV of instances that extends or overrides the packaged catalog.
+        electricity_usd_per_kwh: to turn the GPUs' measured energy into money.
+        count_flops: count the FLOPs of the first micro-batch once (torch's FlopCounterMode; that one
+            micro-batch runs several times slower) for achieved FLOP/s and MFU.
+        flops_per_sample: your own FLOPs per sample (forward and backward), instead of counting.
+
+    Without ``instance`` or ``price_per_hour``, the environment may price the run: ``TUNEUP_INSTANCE``
+    (with ``TUNEUP_SPOT=1``, ``TUNEUP_CATALOG``) or ``TUNEUP_PRICE_PER_HOUR`` (with ``TUNEUP_PRICE_PER``).
+    ``tuneup report --instance ...`` can price or re-price the run afterwards.
 
     After ``fit`` the directory written is ``callback.run_dir``.
     """
@@ -135,6 +152,14 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         window_steps: int = 100,
         max_lag_steps: int = 4,
         profile_communication: bool = True,
+        instance: str | None = None,
+        spot: bool = False,
+        price_per_hour: float | None = None,
+        price_per: str = "node",
+        catalog: str | os.PathLike[str] | None = None,
+        electricity_usd_per_kwh: float | None = None,
+        count_flops: bool = True,
+        flops_per_sample: float | None = None,
     ) -> None:
         super().__init__()
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
@@ -166,6 +191,17 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self.log_to_trainer = bool(log_to_trainer)
         self.max_lag_steps = max_lag_steps
         self.profile_communication = bool(profile_communication)
+        self.price = _price_choice(instance, spot, price_per_hour, price_per, catalog)
+        if electricity_usd_per_kwh is not None:
+            _check_positive("electricity_usd_per_kwh", electricity_usd_per_kwh)
+        self.electricity_usd_per_kwh = electricity_usd_per_kwh
+        if flops_per_sample is not None:
+            _check_positive("flops_per_sample", flops_per_sample)
+        self.flops_per_sample = flops_per_sample
+        self.count_flops = bool(count_flops) and flops_per_sample is None
+        self._flops = MicroBatchFlopCounter()
+        self._flops_batch: tuple[int | None, int | None, int] | None = None  # samples, tokens, step
+        self._flops_done = False
 
         self.run_dir: Path | None = None
         self.run_id: str | None = None
@@ -204,7 +240,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             return
         if self._closed:  # a second fit() with the same callback: a new run, never appended to the last
             self._writer, self._clock, self._sampler, self._drainer = None, None, None, None
-            self._closed, self._peak_mem_bytes = False, None
+            self._closed, self._peak_mem_bytes, self._flops_done = False, None, False
         self._trainer = trainer
         self._rank = int(trainer.global_rank)
         self._world_size = int(trainer.world_size)
@@ -384,6 +420,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             "environment": capture_environment(),
             "gpus": gpu_inventory(),
             "communication": _communication_environment(trainer),
+            "pricing": {
+                **(self.price.as_dict() if self.price is not None else {}),
+                "electricity_usd_per_kwh": self.electricity_usd_per_kwh,
+            },
+            "flops": {"flops_per_sample": self.flops_per_sample, "count_flops": self.count_flops},
             "recording": {
                 **self.policy.as_dict(),
                 "telemetry_interval_s": self.telemetry_interval_s,
@@ -421,8 +462,14 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
 
     @_guarded
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self._clock is not None:
-            self._clock.batch_start(self.counter.samples(batch), self.counter.tokens(batch))
+        if self._clock is None:
+            return
+        samples, tokens = self.counter.samples(batch), self.counter.tokens(batch)
+        self._clock.batch_start(samples, tokens)
+        if self.count_flops and not self._flops_done:
+            self._flops_done = True  # once, even if counting fails
+            self._flops_batch = (samples, tokens, int(trainer.global_step))
+            self._flops.start()
 
     @_guarded
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -449,6 +496,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         clock = self._clock
         if clock is None:
             return
+        if self._flops.counting:
+            self._record_flops(trainer)
         clock.batch_end()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and hasattr(loss, "detach"):
@@ -476,6 +525,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._drainer.wake()
         if self._log_queue:
             self._log_to_trainer()
+
+    def _record_flops(self, trainer: Any) -> None:
+        flops = self._flops.stop()
+        if flops and self._writer is not None:
+            samples, tokens, step = self._flops_batch or (None, None, None)
+            self._writer.add_event("flops", flops=flops, samples=samples, tokens=tokens, step=step)
 
     # -- between steps -----------------------------------------------------------------------------
 
@@ -571,6 +626,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if self._closed or self._writer is None:
             return
         self._closed = True
+        self._flops.stop()  # a micro-batch that raised while being counted: leave the dispatch mode
         try:
             if self._drainer is not None:
                 self._drainer.stop()
@@ -590,6 +646,31 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._writer.close(status=status, data_timing=data_timing)
             if self._rank == 0 and self.run_dir is not None:
                 info_once(f"wrote:{self.run_dir}", f"run record written to {self.run_dir}")
+
+
+def _price_choice(
+    instance: str | None,
+    spot: bool,
+    price_per_hour: float | None,
+    price_per: str,
+    catalog: str | os.PathLike[str] | None,
+) -> PriceChoice | None:
+    """The callback's price choice, else the environment's; checked now, before any training starts."""
+    if instance is None and price_per_hour is None:
+        if spot or catalog is not None:
+            raise ValueError(
+                "TuneupCallback(spot=/catalog=) need instance=: e.g. instance='aws:p4d.24xlarge'"
+            )
+        return choice_from_env()
+    choice = PriceChoice(
+        instance=instance,
+        spot=bool(spot),
+        price_per_hour=price_per_hour,
+        price_per=price_per,
+        catalog=os.fspath(catalog) if catalog is not None else None,
+        source="callback",
+    )
+    return check_choice(choice, where="TuneupCallback")
 
 
 def _communication_environment(trainer: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from tuneup.analyze.findings import (
 from tuneup.analyze.ranks import RankProfile, Straggler, find_straggler, rank_profile
 from tuneup.analyze.steady import warmup_steps
 from tuneup.analyze.telemetry import RunTelemetry, Series, run_telemetry
+from tuneup.cost.figures import CostOptions, cost_inputs, cost_section
 from tuneup.record.schema import PHASES, Run, StepRecord
 
 REPORT_SCHEMA_VERSION = 1
@@ -283,6 +284,8 @@ def _telemetry_section(tel: RunTelemetry) -> dict[str, Any]:
                 "power_w_mean": _r(g.power_w.mean(), 1),
                 "power_w_max": _r(g.power_w.max(), 1),
                 "energy_j": _r(g.energy_j, 1),
+                "energy_span_s": _r(g.energy_span_s, 3),
+                "energy_source": g.energy_source,
                 "temp_c_max": g.temp_c.max(),
                 "sm_clock_mhz_mean": _r(g.sm_clock_mhz.mean(), 0),
                 "throttle_reasons": sorted(g.throttle),
@@ -496,8 +499,10 @@ def _communication_findings(comm: dict[str, Any] | None) -> list[Finding]:
     return out
 
 
-def analyze_run(run: Run) -> dict[str, Any]:
-    """The report's content as a JSON-ready dict."""
+def analyze_run(run: Run, cost: CostOptions | None = None) -> dict[str, Any]:
+    """The report's content as a JSON-ready dict; `cost` adds or replaces the price (`tuneup report
+    --instance ...`). Raises the catalog's or the pricing's ValueError for a bad `cost`."""
+    inputs, cost_warnings = cost_inputs(run, cost)
     warm = {r: warmup_steps([s.wall_ms for s in rec.steps]) for r, rec in run.ranks.items()}
     steady = {r: rec.steps[warm[r] :] for r, rec in run.ranks.items() if rec.steps[warm[r] :]}
     profiles = [rank_profile(r, steps) for r, steps in sorted(steady.items())]
@@ -556,11 +561,11 @@ def analyze_run(run: Run) -> dict[str, Any]:
             "dataloader": run.manifest.dataloader,
         },
         "communication": communication_section(run, steady),
-        # Sections that later features fill; present so readers of the JSON can rely on the keys.
         "cost": None,
         "findings": [],
-        "warnings": list(run.warnings),
+        "warnings": list(run.warnings) + cost_warnings,
     }
     report["data_loader"] = _data_loader(run, steady, step_time["median_ms"])
+    report["cost"] = cost_section(report, run, inputs)
     report["findings"] = [f.as_dict() for f in _findings(report, straggler, warmup)]
     return report

@@ -48,10 +48,12 @@ class GpuTelemetry:
     temp_c: Series = field(default_factory=Series)
     sm_clock_mhz: Series = field(default_factory=Series)
     mem_total_bytes: float | None = None
-    energy_j: float | None = None  # consumed over the run, from the total-energy counter
+    energy_j: float | None = None  # consumed over energy_span_s: the total-energy counter's rise, or
+    energy_span_s: float | None = None  # where the GPU has no counter, its power samples integrated
+    energy_source: str | None = None  # "counter" or "power samples"
     throttle: set[str] = field(default_factory=set)
     lost: bool = False
-    _energy_first: float | None = None
+    _energy_first: tuple[float, float] | None = None  # (t_s, joules) of the counter's first sample
 
 
 @dataclass(slots=True)
@@ -170,8 +172,10 @@ def run_telemetry(run: Run, t0_unix: float) -> RunTelemetry:
                 gpu.mem_total_bytes = _num(g.get("mem_total_bytes")) or gpu.mem_total_bytes
                 if (energy := _num(g.get("energy_j"))) is not None:
                     if gpu._energy_first is None:
-                        gpu._energy_first = energy
-                    gpu.energy_j = energy - gpu._energy_first
+                        gpu._energy_first = (t, energy)
+                    gpu.energy_j = energy - gpu._energy_first[1]
+                    gpu.energy_span_s = t - gpu._energy_first[0]
+                    gpu.energy_source = "counter"
                 throttle = g.get("throttle")
                 if isinstance(throttle, list):
                     gpu.throttle.update(str(x) for x in throttle if x != "gpu_idle")
@@ -179,6 +183,12 @@ def run_telemetry(run: Run, t0_unix: float) -> RunTelemetry:
             processes.append(proc)
         if system_samples:
             hosts.append(_host_telemetry(host, system_samples))
+    for gpu in gpus.values():
+        if gpu.energy_source is None and len(gpu.power_w.values) > 1:
+            t, w = gpu.power_w.t_s, gpu.power_w.values
+            gpu.energy_j = sum((t[i + 1] - t[i]) * (w[i] + w[i + 1]) / 2 for i in range(len(t) - 1))
+            gpu.energy_span_s = t[-1] - t[0]
+            gpu.energy_source = "power samples"
     return RunTelemetry(
         gpus=[gpus[k] for k in sorted(gpus, key=lambda k: (k[0] or "", k[1]))],
         processes=processes,

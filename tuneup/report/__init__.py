@@ -15,7 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuneup.cost.figures import CostOptions
 
 FORMATS = ("html", "md", "json")
 REPORT_BASENAME = "report"
@@ -57,18 +60,26 @@ def report_schema() -> dict[str, Any]:
     )
 
 
-def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load and analyse a run: the report's content (what report.json holds)."""
+def build_report(run_dir: str | os.PathLike[str], cost: CostOptions | None = None) -> dict[str, Any]:
+    """Load and analyse a run: the report's content (what report.json holds). `cost` prices it (or
+    replaces the price it recorded); a bad price or catalog raises ReportError."""
     from tuneup.analyze.analysis import analyze_run
     from tuneup.record import load_run
 
-    return analyze_run(load_run(run_dir))
+    run = load_run(run_dir)
+    try:
+        return analyze_run(run, cost)
+    except ValueError as exc:  # the catalog's and the pricing's errors name the option and the fix
+        if cost is None:
+            raise
+        raise ReportError(str(exc)) from None
 
 
 def write_report(
     run_dir: str | os.PathLike[str],
     out_dir: str | os.PathLike[str] | None = None,
     formats: str | Iterable[str] = FORMATS,
+    cost: CostOptions | None = None,
 ) -> WrittenReport:
     """Write the report of the run at `run_dir` into `out_dir` (default `reports/<run id>`).
 
@@ -76,7 +87,7 @@ def write_report(
     an output directory that cannot be written.
     """
     wanted = parse_formats(formats)
-    report = build_report(run_dir)
+    report = build_report(run_dir, cost)
     target = Path(out_dir) if out_dir is not None else Path("reports") / report["run"]["run_id"]
     try:
         target.mkdir(parents=True, exist_ok=True)
