@@ -369,3 +369,13 @@ def test_flops_per_sample_replaces_counting(tmp_path: Path) -> None:
     run = load_run(cb.run_dir)
     assert not [e for e in run.ranks[0].events if e["kind"] == "flops"]
     assert run.manifest.raw["flops"] == {"flops_per_sample": 1e6, "count_flops": False}
+
+
+def test_a_compiled_model_is_recognized_so_its_flops_are_not_counted() -> None:
+    from tuneup.plugins.lightning.callback import _is_compiled
+
+    model = make_module("lightning")
+    assert not _is_compiled(model)
+    model.net.compile()  # nn.Module.compile compiles nothing until the first call: cheap to test
+    assert _is_compiled(model)
+    assert _is_compiled(torch.compile(make_module("lightning").net))

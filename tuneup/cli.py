@@ -108,6 +108,19 @@ def format_summary(run_dir: Path) -> str:
             hw.append(f"GPU {gpu['index']} utilization {gpu['util_percent_mean']:.0f}%")
     if hw:
         lines.append("  hardware: " + ", ".join(hw))
+    cost = r.get("cost") or {}
+    if cost.get("priced") and cost.get("price"):
+        from tuneup.report.format import fraction_percent, is_number, large, usd, usd_rate
+
+        money, mfu = cost.get("figures") or {}, (cost.get("flops") or {}).get("mfu")
+        parts = [f"{usd_rate(cost['price'].get('usd_per_hour'), 'h')} ({cost['price'].get('source')})"]
+        if is_number(money.get("usd_per_million_tokens")):
+            parts.append(f"{usd(money['usd_per_million_tokens'])} per 1M tokens")
+        elif is_number(money.get("samples_per_usd")):
+            parts.append(f"{large(money['samples_per_usd'])} samples per $")
+        if is_number(mfu):
+            parts.append(f"MFU {fraction_percent(mfu)}")
+        lines.append("  cost: " + "; ".join(parts))
     if r["findings"]:
         lines.append("")
         lines.append("  findings:")
@@ -267,13 +280,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         config = DemoConfig(out_dir=Path(args.out), max_steps=args.steps, devices=args.devices)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    cost = cost_options(args)  # checked before training, so that a typo costs no training time
     run_dir = run_demo(config)
     if run_dir is not None:  # rank 0 only; the other DDP ranks return None
         print()
         print(format_summary(run_dir))
         print()
         print(f"run record: {run_dir}")
-        _write_report(run_dir, config.out_dir, "html,md,json")
+        _write_report(run_dir, config.out_dir, "html,md,json", cost)
         print(f"open {config.out_dir / 'report.html'} in a browser, or read {config.out_dir / 'report.md'}")
     return 0
 
@@ -346,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="processes/GPUs (default: 2 where 2 cores or GPUs exist, else 1)",
     )
+    add_cost_arguments(demo)
     demo.set_defaults(func=cmd_demo)
     return parser
 

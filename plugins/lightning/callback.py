@@ -295,6 +295,13 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._start_sampler(trainer)
         self._tap_fetches(trainer)
         self._wire_ddp_hook(trainer)
+        if self.count_flops and _is_compiled(pl_module):
+            # A dispatch mode around a compiled module can make it recompile or fail inside the user's
+            # training_step, where tuneup cannot catch it for them: do not risk the training.
+            self.count_flops = False
+            info_once(
+                "flops-compiled", "FLOPs are not counted for a torch.compile'd model; pass flops_per_sample="
+            )
         self._drainer = Drainer(
             self._clock.drain,
             interval_s=self.policy.flush_every_s,
@@ -646,6 +653,16 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._writer.close(status=status, data_timing=data_timing)
             if self._rank == 0 and self.run_dir is not None:
                 info_once(f"wrote:{self.run_dir}", f"run record written to {self.run_dir}")
+
+
+def _is_compiled(pl_module: Any) -> bool:
+    try:
+        return any(
+            hasattr(m, "_orig_mod") or getattr(m, "_compiled_call_impl", None) is not None
+            for m in pl_module.modules()
+        )
+    except Exception:
+        return True  # cannot tell: the safe answer
 
 
 def _price_choice(
