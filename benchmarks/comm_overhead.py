@@ -173,7 +173,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--slices", type=int, default=60, help="rounds of 10 steps per arm, per repeat")
-    p.add_argument("--width", type=int, default=1024, help="MLP width; 1024 gives ~10 ms steps on 2 cores")
+    p.add_argument("--width", type=int, default=768, help="MLP width; 768 gives ~10-12 ms steps on 2 cores")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
     began = time.perf_counter()

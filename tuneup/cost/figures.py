@@ -56,7 +56,8 @@ def cost_inputs(run: Run, options: CostOptions | None) -> tuple[CostInputs, list
     electricity = options.electricity_usd_per_kwh
     if electricity is None and recorded is not None:
         value = recorded.get("electricity_usd_per_kwh")
-        electricity = float(value) if isinstance(value, (int, float)) and value >= 0 else None
+        valid = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        electricity = float(value) if valid and value >= 0 else None
     inputs = CostInputs(price, reason, electricity, options.target_tokens, options.target_steps)
     return inputs, warnings
 
@@ -173,6 +174,8 @@ def _flops(report: dict[str, Any], run: Run) -> dict[str, Any]:
         out.update(source="user (flops_per_sample)", flops_per_sample=_r(float(user)))
         if tp.get("samples_per_s"):
             total_flops_per_s = float(user) * tp["samples_per_s"]
+            if steps_per_s:
+                out["flops_per_step"] = _r(total_flops_per_s / steps_per_s)
     else:
         counted = {}
         for rank, rec in run.ranks.items():
@@ -186,10 +189,13 @@ def _flops(report: dict[str, Any], run: Run) -> dict[str, Any]:
             mean_flops = sum(e["flops"] for e in counted.values()) / len(counted)
             per_step = mean_flops * accumulate * run.manifest.world_size
             samples = [e.get("samples") for e in counted.values()]
+            known = all(isinstance(n, int) and n > 0 for n in samples)
             out.update(
                 source="counted (FlopCounterMode, one micro-batch per rank)",
                 flops_per_step=_r(per_step),
-                flops_per_sample=_r(mean_flops / samples[0]) if samples and samples[0] else None,
+                flops_per_sample=_r(sum(e["flops"] for e in counted.values()) / sum(samples))
+                if known
+                else None,
             )
             if steps_per_s:
                 total_flops_per_s = per_step * steps_per_s
@@ -204,10 +210,16 @@ def _flops(report: dict[str, Any], run: Run) -> dict[str, Any]:
     out["achieved_tflops_per_s_per_device"] = _r(per_device / 1e12) if per_device else None
     gpus = (run.manifest.gpus or {}).get("gpus") or []
     accelerator = str(run.manifest.trainer.get("accelerator") or "")
-    if not gpus or "CPU" in accelerator:
+    if "CPU" in accelerator or (not gpus and "CUDA" not in accelerator):
         out["mfu"] = None
         out["note"] = (
             "MFU is not defined on CPU (no dense tensor peak to compare with); achieved FLOP/s is shown"
+        )
+        return out
+    if not gpus:
+        out["mfu"] = None
+        out["note"] = (
+            "the GPUs were not identified (NVML unavailable): their peak is unknown, MFU is left out"
         )
         return out
     gpu = gpus[0] if isinstance(gpus[0], dict) else {}

@@ -27,6 +27,13 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 
+def usd(amount: float | None) -> str:
+    """Dollars as people write them: cents from $1 up, four significant digits below."""
+    if amount is None:
+        return "-"
+    return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.4g}"
+
+
 class PricingError(ValueError):
     """A price choice that cannot be used; the message names the option and the fix."""
 
@@ -149,7 +156,8 @@ class JobPrice:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["instance"] = asdict(self.instance) if self.instance is not None else None
-        out["catalog_version"] = CATALOG_VERSION if self.instance is not None else None
+        packaged = self.instance is not None and self.instance.origin == "packaged"
+        out["catalog_version"] = CATALOG_VERSION if packaged else None
         return out
 
 
@@ -170,7 +178,7 @@ def job_price(
             return JobPrice(
                 price * devices,
                 None,
-                f"{devices} x ${price:,.4g} per GPU-hour ({choice.source})",
+                f"{devices} x {usd(price)} per GPU-hour ({choice.source})",
                 choice.source,
                 devices,
                 nodes,
@@ -178,7 +186,7 @@ def job_price(
         return JobPrice(
             price * nodes,
             None,
-            f"{nodes} node(s) x ${price:,.4g} per node-hour ({choice.source})",
+            f"{nodes} node(s) x {usd(price)} per node-hour ({choice.source})",
             choice.source,
             devices,
             nodes,
@@ -197,7 +205,7 @@ def job_price(
         share = (
             f"; the job used {devices} of the {instance.gpu_count * nodes} GPUs of {nodes} {instance.key}, priced "
             f"as that share (the whole {'machine' if nodes == 1 else 'machines'}: "
-            f"${instance.on_demand_usd_per_hour * nodes:,.2f}/h)"
+            f"{usd(instance.on_demand_usd_per_hour * nodes)}/h)"
         )
     elif devices > instance.gpu_count * nodes:
         doubts.append(
@@ -209,10 +217,11 @@ def job_price(
     price_name = "spot" if choice.spot else "on-demand"
     chosen = spot if choice.spot and spot is not None else on_demand
     rate = instance.spot_usd_per_hour if choice.spot else instance.on_demand_usd_per_hour
+    catalog_name = f"catalog {CATALOG_VERSION}" if instance.origin == "packaged" else instance.origin
+    dated = f"as of {instance.as_of_date}" if instance.as_of_date else "undated"
     basis = (
-        f"{instance.key} ({instance.region or 'any region'}) {price_name} ${rate:,.4g}/h for "
-        f"{instance.gpu_count} x {instance.gpu}, per {instance.as_of_date or 'undated'} catalog "
-        f"{CATALOG_VERSION} ({choice.source}){share}"
+        f"{instance.key} ({instance.region or 'any region'}) {price_name} {usd(rate)}/h for "
+        f"{instance.gpu_count} x {instance.gpu} ({catalog_name}, price {dated}; {choice.source}){share}"
     )
     return JobPrice(
         chosen,

@@ -24,7 +24,11 @@ from tuneup.report.format import (
     count,
     duration,
     energy,
+    flop_count,
+    fraction_percent,
     is_number,
+    kwh,
+    large,
     ms,
     number,
     pair,
@@ -34,9 +38,13 @@ from tuneup.report.format import (
     ranks_text,
     sentence,
     share,
+    si,
     size_bytes,
     text,
+    tflops_rate,
     unix_time,
+    usd,
+    usd_rate,
     with_unit,
     yes_no,
 )
@@ -114,7 +122,7 @@ class Section:
 
 NOT_MEASURED = {
     "communication": "No collective was timed: the run had one rank, or communication profiling was off.",
-    "cost": "Not measured in this version of tuneup: cost figures come with a later release.",
+    "cost": "No cost figures: this report was made by a tuneup that did not work them out.",
 }
 _TIMING = {"host": "host clock", "cuda_event": "CUDA events"}
 _DATA_TIMING = {"fetch": "timed around each batch fetch", "gap": "inferred from the gap between batches"}
@@ -732,13 +740,346 @@ def _communication(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[Bl
     return blocks
 
 
-def _later(report: dict[str, Any], section_id: str) -> list[Block]:
-    value = report.get(section_id)
-    if not isinstance(value, dict):
-        return [Paragraph(NOT_MEASURED[section_id], True)]
-    # A later tuneup fills this in; until the renderers learn its shape, show its plain figures.
-    pairs = tuple((str(k), by_name(k, v)) for k, v in value.items() if not isinstance(v, (dict, list)))
-    return [KeyValues("", pairs)] if pairs else [Paragraph("No figures in this section.", True)]
+# ---------------------------------------------------------------------------------------------------
+# Cost: what the job costs, what it buys, what it would take to finish, and how well it uses the GPUs.
+
+_ENERGY_SOURCE = {
+    "counter": "the GPUs' energy counters",
+    "power samples": "power samples, integrated over time",
+    "counter and power samples": "energy counters, and power samples where a GPU had no counter",
+}
+_NO_TOKENS = "no token count recorded"
+
+
+def _stop(value: object) -> str:
+    """Recorded text ended with a full stop, its case kept (a catalog key starts in lower case)."""
+    out = text(value).strip()
+    return out if out == MISSING or out.endswith((".", "!", "?")) else out + "."
+
+
+def _or_why(value: str, why: str) -> str:
+    """A formatted figure, or a dash that says why there is none."""
+    return f"{MISSING} ({why})" if value == MISSING else value
+
+
+def _cost(report: dict[str, Any]) -> list[Block]:
+    cost = report.get("cost")
+    if not isinstance(cost, dict):
+        return [Paragraph(NOT_MEASURED["cost"], True)]
+    price = cost.get("price")
+    blocks: list[Block] = []
+    if isinstance(price, dict):
+        blocks.extend(_cost_headline(report, cost, price))
+        blocks.extend(_price_cautions(price))
+        blocks.append(_money_table(cost, price))
+        blocks.extend(_money_notes(report, cost))
+    else:
+        reason = cost.get("not_priced_reason")
+        blocks.append(
+            Paragraph(
+                f"Not priced: {text(reason)}." if reason else "Not priced: the run recorded no price.", True
+            )
+        )
+    blocks.append(Paragraph(_epoch_line(cost), not is_number(cost.get("steps_per_epoch"))))
+    blocks.extend(_projections(report, cost, priced=isinstance(price, dict)))
+    blocks.extend(_compute(_mapping(cost.get("flops"))))
+    blocks.extend(_energy(_mapping(cost.get("energy"))))
+    if isinstance(price, dict) and isinstance(price.get("instance"), dict):
+        blocks.append(_instance(price["instance"], price.get("catalog_version")))
+    return blocks
+
+
+def _cost_headline(report: dict[str, Any], cost: dict[str, Any], price: dict[str, Any]) -> list[Block]:
+    figures = _mapping(cost.get("figures"))
+    flops = _mapping(cost.get("flops"))
+    kind = (
+        "spot"
+        if price.get("spot") is True
+        else "on-demand"
+        if isinstance(price.get("instance"), dict)
+        else ""
+    )
+    devices = price.get("devices")
+    priced_for = plural(int(devices), "device") if is_number(devices) else ""
+    detail = ", ".join(p for p in (kind, priced_for, text(price.get("source"))) if p and p != MISSING)
+    per_token = figures.get("usd_per_million_tokens")
+    if is_number(per_token) or not is_number(figures.get("samples_per_usd")):
+        yield_card = Metric(
+            "Per 1M tokens",
+            usd(per_token),
+            "steady state" if is_number(per_token) else _NO_TOKENS,
+        )
+    else:
+        yield_card = Metric("Samples per $", large(figures["samples_per_usd"]), "steady state")
+    mfu = flops.get("mfu")
+    if is_number(mfu):
+        mfu_detail = f"of the dense {text(flops.get('peak_precision'))} peak"
+    elif flops.get("source") is None:
+        mfu_detail = "FLOPs were not counted"
+    else:
+        mfu_detail = "not defined: see Compute below"
+    return [
+        Metrics(
+            (
+                Metric("Job price", usd_rate(price.get("usd_per_hour"), "h"), detail),
+                yield_card,
+                Metric(
+                    "Spent so far",
+                    usd(figures.get("usd_so_far")),
+                    f"the recorded {duration(_dig(report, 'run', 'duration_s'))}",
+                ),
+                Metric("MFU", fraction_percent(mfu), mfu_detail),
+            )
+        ),
+        Paragraph(
+            f"Priced at {usd_rate(price.get('usd_per_hour'), 'h')} for the job: {_stop(price.get('basis'))}"
+        ),
+    ]
+
+
+def _price_cautions(price: dict[str, Any]) -> list[Block]:
+    """The price's doubts, shown where they cannot be missed, and how old the price is."""
+    blocks: list[Block] = []
+    doubts = [d for d in price.get("doubts") or [] if d] if isinstance(price.get("doubts"), list) else []
+    if doubts:
+        blocks.append(
+            FindingList(tuple(FindingItem("warning", "Check this price", sentence(d)) for d in doubts))
+        )
+    instance = price.get("instance")
+    if isinstance(instance, dict):
+        origin = instance.get("origin")
+        where = (
+            f"tuneup's packaged price catalog, version {text(price.get('catalog_version'))}"
+            if origin in (None, "packaged")
+            else f"the user's catalog {text(origin)}"
+        )
+        as_of_date = instance.get("as_of_date")
+        when = (
+            f"dated {text(as_of_date)}"
+            if as_of_date
+            else f"undated (the source says only: {text(instance.get('as_of'))})"
+        )
+        blocks.append(
+            Paragraph(f"Price from {where}; the price is {when}. Source: {_stop(instance.get('source'))}")
+        )
+    return blocks
+
+
+def _money_table(cost: dict[str, Any], price: dict[str, Any]) -> Table:
+    figures = _mapping(cost.get("figures"))
+    spot = cost.get("figures_spot")
+    columns = [figures]
+    if price.get("spot") is True:
+        header = ["Figure", "Spot"]
+    elif isinstance(spot, dict):
+        header = ["Figure", "On-demand", "Spot"]
+        columns.append(spot)
+    else:
+        header = ["Figure", "At this price"]
+    rows = (
+        ("Job price", "usd_per_hour", lambda v: usd_rate(v, "h")),
+        ("Spent so far (the whole recorded run)", "usd_so_far", usd),
+        ("Per epoch", "usd_per_epoch", usd),
+        ("Per 1M tokens", "usd_per_million_tokens", usd),
+        ("Tokens per $", "tokens_per_usd", large),
+        ("Samples per $", "samples_per_usd", large),
+    )
+    return _table(
+        "What the money buys",
+        header,
+        ((label, *(show(c.get(key)) for c in columns)) for label, key, show in rows),
+        range(1, len(header)),
+    )
+
+
+def _money_notes(report: dict[str, Any], cost: dict[str, Any]) -> list[Block]:
+    figures = _mapping(cost.get("figures"))
+    why = []
+    if not is_number(figures.get("usd_per_epoch")):
+        why.append(f"per epoch needs the epoch's length ({text(cost.get('steps_per_epoch_basis'))})")
+    if not is_number(figures.get("tokens_per_usd")):
+        why.append("token figures need a token count, and the run recorded none")
+    if not is_number(figures.get("samples_per_usd")):
+        why.append("samples per $ needs a steady-state sample rate")
+    if not is_number(figures.get("usd_so_far")):
+        why.append("spent so far needs the run's duration")
+    rates = (
+        "Rates are the steady state's (warm-up left out); spent so far is the recorded run's whole duration."
+    )
+    blocks: list[Block] = [Paragraph(rates)]
+    if why:
+        blocks.append(Paragraph(f"A dash is a figure that could not be worked out: {'; '.join(why)}.", True))
+    return blocks
+
+
+def _epoch_line(cost: dict[str, Any]) -> str:
+    steps, basis = cost.get("steps_per_epoch"), text(cost.get("steps_per_epoch_basis"))
+    if not is_number(steps):
+        return f"Epoch length unknown: {basis}."
+    line = f"One epoch is {count(steps)} optimizer steps ({basis})"
+    if is_number(cost.get("epoch_s")):
+        line += f", {duration(cost['epoch_s'])} at the steady-state rate"
+    return line + "."
+
+
+def _projections(report: dict[str, Any], cost: dict[str, Any], *, priced: bool) -> list[Block]:
+    targets = _dicts(cost.get("projections"))
+    if not targets:
+        return [
+            Paragraph(
+                "No projection: the trainer had neither max_steps nor max_epochs, and no target in steps or "
+                "tokens was given.",
+                True,
+            )
+        ]
+    spot = (
+        priced and cost.get("figures_spot") is not None and any(is_number(t.get("usd_spot")) for t in targets)
+    )
+    header = ["Target", "Total steps", "Steps to go", "Time to go"]
+    header += ["Cost to go"] * priced + ["At spot"] * spot
+    rows = []
+    for t in targets:
+        remaining = t.get("steps_remaining")
+        rows.append(
+            (
+                text(t.get("target")),
+                count(t.get("total_steps")),
+                "none (reached)" if remaining == 0 else count(remaining),
+                "0 s" if remaining == 0 and t.get("time_s") == 0 else duration(t.get("time_s")),
+                *[usd(t.get("usd"))] * priced,
+                *[usd(t.get("usd_spot"))] * spot,
+            )
+        )
+    steps_per_s = _dig(report, "throughput", "steps_per_s")
+    rate = f" ({number(steps_per_s)} optimizer steps/s)" if is_number(steps_per_s) else ""
+    blocks: list[Block] = [
+        _table(
+            "Time and cost to reach a target" if priced else "Time to reach a target",
+            header,
+            rows,
+            range(1, len(header)),
+        ),
+        Paragraph(f"From the last recorded step, at this run's steady-state rate{rate}."),
+    ]
+    if any(not is_number(t.get("total_steps")) for t in targets):
+        blocks.append(
+            Paragraph(
+                "A dash: the run did not record what that target needs (the epoch's length for max_epochs, a "
+                "token count for a target in tokens).",
+                True,
+            )
+        )
+    if not priced:
+        blocks.append(Paragraph("Costs to go appear once the run is priced (see above).", True))
+    return blocks
+
+
+def _compute(flops: dict[str, Any]) -> list[Block]:
+    note = flops.get("note")
+    if flops.get("source") is None:
+        return [Paragraph(f"Compute: {text(note) if note else 'FLOPs were not counted'}.", True)]
+    mfu = flops.get("mfu")
+    pairs = [
+        ("FLOPs from", text(flops.get("source"))),
+        ("Per optimizer step", _or_why(flop_count(flops.get("flops_per_step")), "not counted per step")),
+        ("Per sample", flop_count(flops.get("flops_per_sample"))),
+        ("Achieved, all devices", tflops_rate(flops.get("achieved_tflops_per_s"))),
+        ("Achieved per device", tflops_rate(flops.get("achieved_tflops_per_s_per_device"))),
+    ]
+    if "gpu" in flops:
+        pairs.append(("GPU in the catalog", text(flops.get("gpu"))))
+    if "peak_precision" in flops:
+        peak = tflops_rate(flops.get("peak_tflops_per_device"))
+        column = text(flops.get("peak_precision"))
+        pairs.append(
+            (
+                "Peak per device",
+                f"{peak} (dense {column})" if peak != MISSING else f"{MISSING} (no dense {column} peak)",
+            )
+        )
+    pairs.append(
+        (
+            "MFU (model FLOPs utilization)",
+            _or_why(fraction_percent(mfu), "not defined; see below" if note else "not worked out"),
+        )
+    )
+    blocks: list[Block] = [KeyValues("Compute", tuple(pairs))]
+    if note:
+        blocks.append(Paragraph(sentence(note), not is_number(mfu)))
+    if flops.get("gpu_doubt"):
+        blocks.append(
+            FindingList((FindingItem("warning", "Check this peak", sentence(flops.get("gpu_doubt"))),))
+        )
+    return blocks
+
+
+def _energy(energy: dict[str, Any]) -> list[Block]:
+    note = energy.get("note")
+    if energy.get("source") is None:
+        return [Paragraph(f"Energy: {text(note) if note else 'not recorded'}.", True)]
+    source = energy.get("source")
+    electricity = energy.get("electricity_usd_per_kwh")
+    no_price = "no electricity price given"
+    pairs = (
+        ("Measured from", _ENERGY_SOURCE.get(str(source), text(source))),
+        ("GPUs", count(energy.get("gpus"))),
+        ("Measured span", duration(energy.get("span_s"))),
+        ("Energy over the span", kwh(energy.get("energy_kwh"))),
+        ("Mean power, all GPUs", with_unit(energy.get("mean_power_w"), "W", 0)),
+        ("Per optimizer step", _si_or_dash(energy.get("j_per_step"), "J")),
+        ("Per 1M tokens", _or_why(kwh(energy.get("kwh_per_million_tokens")), _NO_TOKENS)),
+        ("Electricity price", usd_rate(electricity, "kWh") if is_number(electricity) else "not given"),
+        (
+            "Electricity over the span",
+            _or_why(
+                usd(energy.get("electricity_usd")),
+                no_price if not is_number(electricity) else "not worked out",
+            ),
+        ),
+        (
+            "Electricity per 1M tokens",
+            _or_why(
+                usd(energy.get("electricity_usd_per_million_tokens")),
+                no_price if not is_number(electricity) else _NO_TOKENS,
+            ),
+        ),
+    )
+    blocks: list[Block] = [KeyValues("Energy", pairs)]
+    if note:
+        blocks.append(Paragraph(sentence(note)))
+    return blocks
+
+
+def _si_or_dash(value: Any, unit: str) -> str:
+    return si(value, unit) if is_number(value) else text(value)
+
+
+def _instance(instance: dict[str, Any], catalog_version: Any) -> KeyValues:
+    gpus = f"{text(instance.get('gpu_count'))} × {text(instance.get('gpu'))}"
+    if is_number(instance.get("gpu_mem_gib")):
+        gpus += f", {number(instance['gpu_mem_gib'])} GiB each"
+    spot = instance.get("spot_usd_per_hour")
+    origin = instance.get("origin")
+    pairs = (
+        ("Provider", text(instance.get("provider"))),
+        ("Instance", text(instance.get("instance"))),
+        ("Region", text(instance.get("region")) if instance.get("region") else "any region"),
+        ("GPUs", gpus),
+        ("vCPUs", count(instance.get("vcpus"))),
+        ("Host memory", with_unit(instance.get("mem_gib"), "GiB")),
+        ("On-demand", usd_rate(instance.get("on_demand_usd_per_hour"), "h")),
+        ("Spot", usd_rate(spot, "h") if is_number(spot) else "no spot quote"),
+        ("Host included in the price", yes_no(instance.get("host_included"))),
+        ("GPU link", text(instance.get("intra_node_link"))),
+        ("Network between nodes (Gbit/s)", text(instance.get("inter_node_gbps"))),
+        ("Price source", text(instance.get("source"))),
+        ("As of", text(instance.get("as_of"))),
+        (
+            "Catalog",
+            "packaged, version " + text(catalog_version) if origin in (None, "packaged") else text(origin),
+        ),
+    )
+    return KeyValues(f"Instance: {text(instance.get('key'))}", pairs, detail=True)
 
 
 def by_name(key: object, value: object) -> str:
@@ -836,7 +1177,7 @@ def report_sections(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[S
         "ranks": _ranks(report, plots),
         "data-loader": _data_loader(report),
         "communication": _communication(report, plots),
-        "cost": _later(report, "cost"),
+        "cost": _cost(report),
         "environment": _environment(report),
         "warnings": _warnings(report),
     }

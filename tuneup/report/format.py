@@ -101,6 +101,102 @@ def energy(joules: object) -> str:
     return with_unit(wh / 1000, "kWh") if abs(wh) >= 1000 else with_unit(wh, "Wh")
 
 
+def _significant(value: float, digits: int = 3) -> str:
+    """A figure below 1 to `digits` significant digits, never rounded to a misleading zero."""
+    out = f"{value:.{digits}g}"
+    if "e" in out:  # format "g" turns to exponents below 1e-4; a report reads decimals
+        out = f"{value:.{digits - 1 - math.floor(math.log10(abs(value)))}f}".rstrip("0")
+    return out
+
+
+def usd(value: object) -> str:
+    """US dollars: cents from a dollar up ("$1,234.56"), three significant digits below ("$0.0123")."""
+    if not is_number(value):
+        return text(value)
+    sign, size = ("-" if value < 0 else ""), abs(value)
+    if size == 0:
+        return "$0.00"
+    if size >= 1:
+        out = f"{size:,.2f}"
+    else:
+        out = _significant(size)
+        if float(out) >= 1:  # 0.9996 rounds up to a whole dollar
+            out = f"{float(out):,.2f}"
+        elif len(out.partition(".")[2]) < 2:  # cents always show: $0.50, not $0.5
+            out = f"{float(out):.2f}"
+    return f"{sign}${out}"
+
+
+def usd_rate(value: object, per: str) -> str:
+    """A price per unit: usd_rate(21.69, "h") -> "$21.69/h"."""
+    return f"{usd(value)}/{per}" if is_number(value) else text(value)
+
+
+def figure(value: object) -> str:
+    """A ratio of any size: `number` from 1 up, three significant digits below (0.00222, not 0.00)."""
+    if not is_number(value):
+        return text(value)
+    if value == 0 or abs(value) >= 1:
+        return number(value)
+    return _significant(value)
+
+
+_SI = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def si(value: object, unit: str) -> str:
+    """A value with an SI prefix on its unit: si(1.2e13, "FLOP") -> "12.0 TFLOP"."""
+    if not is_number(value):
+        return text(value)
+    for scale, prefix in _SI:
+        if abs(value) >= scale:
+            return f"{number(value / scale)} {prefix}{unit}"
+    return f"{figure(value)} {unit}"
+
+
+def flop_count(value: object) -> str:
+    """A count of floating-point operations: 1.2e13 -> "12.0 TFLOP"."""
+    return si(value, "FLOP")
+
+
+def tflops_rate(tflops_per_s: object) -> str:
+    """A rate given in TFLOP/s, shown with the prefix its size needs: 312 -> "312.0 TFLOP/s",
+    0.0123 -> "12.3 GFLOP/s"."""
+    return si(tflops_per_s * 1e12, "FLOP/s") if is_number(tflops_per_s) else text(tflops_per_s)
+
+
+def kwh(value: object) -> str:
+    """Energy given in kWh, shown in Wh below one kWh: 1.2 -> "1.20 kWh", 0.0025 -> "2.50 Wh"."""
+    if not is_number(value):
+        return text(value)
+    if value == 0 or abs(value) >= 1:
+        return with_unit(value, "kWh")
+    wh = value * 1000
+    return f"{number(wh) if abs(wh) >= 1 else _significant(wh)} Wh"
+
+
+def large(value: object) -> str:
+    """A count big enough that its last digits say nothing: 4067240 -> "4.07 M", 2.3e9 -> "2.30 B"."""
+    if not is_number(value):
+        return text(value)
+    if abs(value) >= 1e9:
+        return f"{number(value / 1e9)} B"
+    if abs(value) >= 1e6:
+        return f"{number(value / 1e6)} M"
+    return number(round(value)) if abs(value) >= 1000 else figure(value)
+
+
+def fraction_percent(fraction: object) -> str:
+    """A fraction of 1 as a percentage, with a second digit below 1%: 0.165 -> "16.5%",
+    0.00042 -> "0.042%"."""
+    if not is_number(fraction):
+        return text(fraction)
+    pct = fraction * 100
+    if pct == 0 or abs(pct) >= 1:
+        return f"{number(pct, 1)}%"
+    return f"{_significant(pct, 2)}%"
+
+
 def unix_time(value: object) -> str:
     if not is_number(value):
         return text(value)

@@ -34,8 +34,8 @@ from tuneup.report.content import (
 
 _NEWLINES = re.compile(r"[\r\n\u2028\u2029]+")
 # Characters that start Markdown constructs anywhere in a line: code, emphasis, links, strikethrough,
-# and the table-cell separator.
-_ACTIVE = re.compile(r"([\\`*\[\]|~])")
+# the table-cell separator, and "$", which GitHub reads as the start of inline maths.
+_ACTIVE = re.compile(r"([\\`*\[\]|~$])")
 # "_" only emphasises at a word's edge (GFM); escaping it inside OMP_NUM_THREADS would only add noise.
 _EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 
