@@ -44,6 +44,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# The same MLP and batch as the single-process benchmark (run from this directory, so it imports).
+from overhead import BATCH, IN_DIM, make_net
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
@@ -52,20 +55,7 @@ from tuneup.collect.comm import CommProbe, resolve_collectives
 ARMS = ("builtin", "python-hook", "probe", "probe-wrap")
 SLICE_STEPS = 10
 WARMUP_FRACTION = 0.2
-BATCH = 64
-IN_DIM = 64
 GOAL_PERCENT = 1.0
-
-
-def make_net(width: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(IN_DIM, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, 1),
-    )
 
 
 def host_elapsed_ms(a: float, b: float) -> float:

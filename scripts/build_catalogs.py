@@ -43,48 +43,14 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
+from tuneup.data.catalog_columns import GPU_COLUMNS, INSTANCE_COLUMNS
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 OUT_DIR = ROOT / "tuneup" / "data"
 
 CATALOG_VERSION = "2026.11.29"
 
-INSTANCE_COLUMNS = (
-    "key",
-    "provider",
-    "instance",
-    "region",
-    "gpu",
-    "gpu_count",
-    "gpu_mem_gib",
-    "vcpus",
-    "mem_gib",
-    "on_demand_usd_hr",
-    "spot_usd_hr",
-    "host_included",
-    "intra_node_link",
-    "inter_node_gbps",
-    "source",
-    "as_of",
-    "as_of_date",
-    "doubt",
-)
-GPU_COLUMNS = (
-    "name",
-    "match_names",
-    "pci_device_id",
-    "mem_gib",
-    "bf16_dense_tflops",
-    "fp16_dense_tflops",
-    "tf32_dense_tflops",
-    "fp32_tflops",
-    "fp8_dense_tflops",
-    "mem_bw_gbytes_per_s",
-    "tdp_w",
-    "intra_node_link",
-    "notes",
-    "doubt",
-)
 
 # Words in a source, as_of or notes clause that mark it as a reason for doubt.
 DOUBT_WORDS = re.compile(r"uncertain|anomal|stale|suspicious|unverified|not verified|derived|\berror\b", re.I)

@@ -43,11 +43,11 @@ def _rate(value: float | None, unit: str) -> str | None:
     return None if value is None else f"{value:,.1f} {unit}"
 
 
-def format_summary(run_dir: Path) -> str:
-    """The headline figures, findings and warnings of a run, for the terminal."""
+def format_summary(run_dir: Path, cost: CostOptions | None = None) -> str:
+    """The headline figures, findings and warnings of a run, for the terminal; `cost` prices it."""
     from tuneup.report import build_report
 
-    r = build_report(run_dir)
+    r = build_report(run_dir, cost)
     run, st = r["run"], r["step_time"]
     hosts = sorted({h for h in run["hosts"].values() if h})
     lines = [f"tuneup run {run['run_id']}  ({run_dir})"]
@@ -265,10 +265,12 @@ def cmd_probe_network(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from tuneup.record import RunRecordError
+    from tuneup.report import ReportError
 
+    cost = cost_options(args)
     try:
-        print(format_summary(Path(args.run_dir)))
-    except RunRecordError as exc:
+        print(format_summary(Path(args.run_dir), cost))
+    except (RunRecordError, ReportError) as exc:
         raise UsageError(str(exc)) from None
     return 0
 
@@ -284,7 +286,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     run_dir = run_demo(config)
     if run_dir is not None:  # rank 0 only; the other DDP ranks return None
         print()
-        print(format_summary(run_dir))
+        print(format_summary(run_dir, cost))
         print()
         print(f"run record: {run_dir}")
         _write_report(run_dir, config.out_dir, "html,md,json", cost)
@@ -340,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="headline figures and warnings of a recorded run")
     show.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by TuneupCallback")
+    add_cost_arguments(show)
     show.set_defaults(func=cmd_show)
 
     demo = sub.add_parser(

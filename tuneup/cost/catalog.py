@@ -35,6 +35,8 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from tuneup.data.catalog_columns import GPU_COLUMNS, INSTANCE_COLUMNS
+
 PACKAGED = "packaged"
 INSTANCES_FILE = "instances.csv"
 GPUS_FILE = "gpus.csv"
@@ -42,26 +44,6 @@ GPUS_FILE = "gpus.csv"
 _PACKAGED_LABEL = "tuneup/data/{}"
 VERSION_LINE_PREFIX = "# tuneup catalog version "
 
-INSTANCE_COLUMNS = (
-    "key",
-    "provider",
-    "instance",
-    "region",
-    "gpu",
-    "gpu_count",
-    "gpu_mem_gib",
-    "vcpus",
-    "mem_gib",
-    "on_demand_usd_hr",
-    "spot_usd_hr",
-    "host_included",
-    "intra_node_link",
-    "inter_node_gbps",
-    "source",
-    "as_of",
-    "as_of_date",
-    "doubt",
-)
 # A user's catalog needs only these; the other columns may be left out or empty.
 REQUIRED_INSTANCE_COLUMNS = (
     "provider",
@@ -73,22 +55,6 @@ REQUIRED_INSTANCE_COLUMNS = (
     "as_of",
 )
 
-GPU_COLUMNS = (
-    "name",
-    "match_names",
-    "pci_device_id",
-    "mem_gib",
-    "bf16_dense_tflops",
-    "fp16_dense_tflops",
-    "tf32_dense_tflops",
-    "fp32_tflops",
-    "fp8_dense_tflops",
-    "mem_bw_gbytes_per_s",
-    "tdp_w",
-    "intra_node_link",
-    "notes",
-    "doubt",
-)
 PRECISION_COLUMNS = ("bf16", "fp16", "tf32", "fp32", "fp8")
 _PEAK_COLUMN = {
     "bf16": "bf16_dense_tflops",

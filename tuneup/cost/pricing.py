@@ -252,7 +252,7 @@ def price_for_run(
     """
     warnings: list[str] = []
     choice = override
-    if choice is None and recorded:
+    if choice is None and recorded and (recorded.get("instance") or recorded.get("price_per_hour")):
         choice = PriceChoice.from_dict(recorded)
         if choice is None:
             warnings.append("the run's recorded price choice could not be read; the report is not priced")
