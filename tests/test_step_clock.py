@@ -225,3 +225,35 @@ def test_batch_counter_follows_the_remembered_place_and_searches_again_when_it_m
     assert counter.tokens({"input_ids": torch.zeros(2, 8, dtype=torch.long)}) == 16
     moved = (torch.zeros(3, 5), torch.zeros(3, 10, dtype=torch.long))  # another structure altogether
     assert counter.samples(moved) == 3 and counter.tokens(moved) == 30
+
+
+def test_drainer_run_now_works_on_the_callers_thread_one_at_a_time() -> None:
+    import threading
+    import time
+
+    from tuneup.collect.drainer import Drainer
+
+    inside, overlaps, threads, errors = [0], [0], [], []
+
+    def work() -> None:
+        inside[0] += 1
+        overlaps[0] = max(overlaps[0], inside[0])
+        threads.append(threading.current_thread().name)
+        time.sleep(0.02)
+        inside[0] -= 1
+
+    drainer = Drainer(work, interval_s=0.001, on_error=errors.append)
+    drainer.start()
+    for _ in range(5):
+        drainer.run_now()
+    assert drainer.stop()
+    assert overlaps[0] == 1  # never two at once, though the thread woke every millisecond
+    assert threading.current_thread().name in threads and "tuneup-writer" in threads
+    assert errors == []
+
+    def broken() -> None:
+        raise OSError("disk full")
+
+    failing = Drainer(broken, interval_s=60, on_error=errors.append)
+    failing.run_now()  # reported, never raised into the training thread
+    assert [str(e) for e in errors] == ["disk full"]

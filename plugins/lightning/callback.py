@@ -28,6 +28,7 @@ from tuneup.collect.comm import CommProbe
 from tuneup.collect.drainer import Drainer
 from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
+from tuneup.compare.bench import ENV_RUN_DIR
 from tuneup.cost.pricing import PriceChoice, check_choice, choice_from_env
 from tuneup.plugins.lightning.fetch_tap import FetchTap, fetch_actions
 from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, trainer_config
@@ -100,7 +101,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     """Record where the time of every optimizer step goes, plus GPU and host telemetry.
 
     Args:
-        dirpath: the run directory to write. Default: ``<trainer.default_root_dir>/tuneup/<run id>``.
+        dirpath: the run directory to write. Default: ``$TUNEUP_DIR`` where set (``tuneup bench`` sets it),
+            else ``<trainer.default_root_dir>/tuneup/<run id>``.
             A directory that already holds a run is never overwritten: ``-1``, ``-2``... is appended.
         telemetry_interval_s: seconds between telemetry samples (NVML, psutil).
         batch_size_fn: ``batch -> int``, samples in a batch, when tuneup cannot tell by itself.
@@ -268,8 +270,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
 
     def _choose_run_dir(self, trainer: Any) -> tuple[str, str]:
         run_id = new_run_id()
-        if self.dirpath is not None:
-            run_dir = _free_run_dir(self.dirpath)
+        # `tuneup bench` gives each run its directory through the environment; an explicit dirpath wins.
+        dirpath = self.dirpath or (Path(os.environ[ENV_RUN_DIR]) if os.environ.get(ENV_RUN_DIR) else None)
+        if dirpath is not None:
+            run_dir = _free_run_dir(dirpath)
             # A directory the user named ("run", "exp42") is not an id: the id names this run anywhere.
             run_id = f"{run_dir.name}-{run_id}"
         else:
@@ -530,6 +534,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         # Records are built and written on the drainer's thread (which also wakes every flush_every_s).
         if clock.pending >= self.policy.flush_every_steps and self._drainer is not None:
             self._drainer.wake()
+            if clock.pending >= 2 * self.policy.flush_every_steps:
+                # The writer thread let a whole interval pass unwritten: write here rather than let a kill
+                # lose more than about two intervals.
+                self._drainer.run_now()
         if self._log_queue:
             self._log_to_trainer()
 

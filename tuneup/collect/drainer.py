@@ -33,6 +33,7 @@ class Drainer:
         self._on_error = on_error
         self._thread_init = thread_init
         self._wake = threading.Event()
+        self._working = threading.Lock()  # `work` runs on one thread at a time: this one or run_now's caller
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -41,6 +42,15 @@ class Drainer:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def run_now(self) -> None:
+        """Do the work on the calling thread, now: for when this thread has fallen behind (a machine so busy
+        that it was not scheduled), so that the steps a kill would lose stay bounded."""
+        try:
+            with self._working:
+                self._work()
+        except Exception as exc:
+            self._on_error(exc)
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop after the work in progress; True if the thread ended within `timeout_s`."""
@@ -62,6 +72,7 @@ class Drainer:
                 self._wake.clear()
                 if self._stopping:
                     return  # the caller does the last drain itself, after this thread has ended
-                self._work()
+                with self._working:
+                    self._work()
         except BaseException as exc:
             self._on_error(exc)
