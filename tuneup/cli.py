@@ -5,6 +5,9 @@
     tuneup catalog          the cloud instances (USD/hour) a run can be priced with
     tuneup probe-network    time collectives over message sizes (under torchrun) and fit the link
     tuneup demo             train a small transformer LM with the callback, then report on its run
+    tuneup bench            run a training workload N times, alternating with a baseline, and compare
+    tuneup compare          a candidate's runs against a baseline's: a verdict per metric, exit 1 on regression
+    tuneup baseline         save or update a baseline file to commit, for compare
 
 Input errors print one line on stderr and exit with code 2; they never print a traceback. Heavy
 imports (torch, Lightning) happen only inside the commands that train, so `tuneup --help` is fast.
@@ -365,6 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_cost_arguments(demo)
     demo.set_defaults(func=cmd_demo)
+
+    from tuneup.compare.commands import add_commands
+
+    add_commands(sub, UsageError)
     return parser
 
 

@@ -169,7 +169,7 @@ def make_trainer(
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="the run directory (default: $TUNEUP_DIR, as `tuneup bench` sets it)")
     p.add_argument("--namespace", default="lightning", choices=["lightning", "pytorch_lightning"])
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--strategy", default="auto")
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         devices=args.devices,
         strategy=strategy,
         accumulate=args.accumulate,
-        root=str(Path(args.out).parent),
+        root=str(Path(args.out or os.environ.get("TUNEUP_DIR", "run")).parent),
     )
     trainer.fit(model, make_loader(batch_size=args.batch_size, slow_data_ms=args.slow_data_ms, n=4096))
     if args.save_params and trainer.global_rank == 0 and not fsdp2:

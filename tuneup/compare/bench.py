@@ -1,0 +1,119 @@
+"""`tuneup bench`: run a short training workload N times, alternating with a baseline, each run recorded.
+
+A workload is a command or a Python entry point (`module:function`) that trains with `TuneupCallback()`.
+Each run gets its own run directory through the environment (`TUNEUP_DIR`, which the callback uses when
+its `dirpath` is not set), so the workload needs no change to be benchmarked. Runs of the two workloads
+alternate, A B B A A B ..., so that the machine's drift over the minutes of a bench hits both alike.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuneup.record.schema import MANIFEST_FILE
+
+ENV_RUN_DIR = "TUNEUP_DIR"
+
+
+class BenchError(Exception):
+    """A workload that cannot be benchmarked: one line naming it and the fix (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    label: str  # "candidate" or "baseline": the subdirectory its runs go to
+    command: str | None = None
+    entry: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.command is None) == (self.entry is None):
+            raise BenchError(f"{self.label}: give a command or an entry point (module:function), one of them")
+        if self.entry is not None:
+            module, _, function = self.entry.partition(":")
+            if (
+                not module
+                or not function
+                or not all(p.isidentifier() for p in (*module.split("."), function))
+            ):
+                raise BenchError(
+                    f"{self.label}: entry point {self.entry!r} must look like package.module:function"
+                )
+        if self.command is not None and not shlex.split(self.command):
+            raise BenchError(f"{self.label}: an empty command")
+
+    @property
+    def shown(self) -> str:
+        return self.command if self.command is not None else f"entry point {self.entry}"
+
+    def argv(self) -> list[str]:
+        if self.command is not None:
+            return shlex.split(self.command)
+        module, _, function = str(self.entry).partition(":")
+        code = (
+            f"import importlib, sys; sys.exit(getattr(importlib.import_module({module!r}), {function!r})())"
+        )
+        return [sys.executable, "-c", code]
+
+
+def interleaved(workloads: Sequence[Workload], runs: int) -> list[tuple[int, Workload]]:
+    """(run number, workload) in order: A B, then B A, then A B... so neither always goes first."""
+    order: list[tuple[int, Workload]] = []
+    for i in range(runs):
+        turn = list(workloads) if i % 2 == 0 else list(reversed(workloads))
+        order.extend((i + 1, w) for w in turn)
+    return order
+
+
+def run_bench(
+    workloads: Sequence[Workload],
+    runs: int,
+    out_dir: Path,
+    *,
+    timeout_s: float = 3600.0,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Path]:
+    """Run every workload `runs` times, interleaved; returns each workload's set directory."""
+    if runs < 1:
+        raise BenchError(f"--runs must be at least 1, got {runs}")
+    sets = {w.label: out_dir / w.label for w in workloads}
+    for path in sets.values():
+        if path.exists() and any(path.iterdir()):
+            raise BenchError(
+                f"{path} already holds runs; give --out an empty or new directory so sets never mix"
+            )
+    for n, workload in interleaved(workloads, runs):
+        run_dir = sets[workload.label] / f"run-{n:02d}"
+        env = {**os.environ, ENV_RUN_DIR: str(run_dir.resolve())}
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                workload.argv(), env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except FileNotFoundError as exc:
+            raise BenchError(
+                f"{workload.label}: cannot run {workload.shown!r} ({exc.strerror or exc})"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise BenchError(
+                f"{workload.label} run {n} took longer than {timeout_s:.0f} s; raise --timeout"
+            ) from None
+        took = time.perf_counter() - started
+        if proc.returncode != 0:
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            raise BenchError(
+                f"{workload.label} run {n} ({workload.shown}) exited with {proc.returncode}: {tail}"
+            )
+        if not (run_dir / MANIFEST_FILE).is_file():
+            raise BenchError(
+                f"{workload.label} run {n} recorded no run in {run_dir}: does it train with TuneupCallback() "
+                f"with dirpath left unset (so that {ENV_RUN_DIR} applies)?"
+            )
+        echo(f"{workload.label} run {n}/{runs}: {took:.1f} s -> {run_dir}")
+    return sets

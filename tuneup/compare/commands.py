@@ -1,0 +1,240 @@
+"""The `tuneup compare`, `tuneup baseline` and `tuneup bench` commands.
+
+Exit codes: 0 no regression, 1 regression (or, with `--inconclusive fail`, an inconclusive metric),
+2 bad input (a missing or damaged side, a run compared with itself, different hardware, a workload that
+fails). The CLI's UsageError is raised for code 2, so that every command reports input errors alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tuneup.compare.runs import METRICS, CompareInputError, Side, load_side
+
+ENV_GITHUB_SUMMARY = "GITHUB_STEP_SUMMARY"
+
+
+def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("decision rule and output")
+    group.add_argument(
+        "--metrics",
+        default=",".join(METRICS),
+        help="comma-separated, from: %(default)s (default: all; a metric a run did not record is skipped)",
+    )
+    group.add_argument("--alpha", type=float, default=0.05, help="significance level (default: %(default)s)")
+    group.add_argument(
+        "--min-effect",
+        type=float,
+        default=0.05,
+        help="smallest change that counts, as a fraction; the threshold is max(this, 2 x the baseline's "
+        "run-to-run CV) (default: %(default)s)",
+    )
+    group.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="compare runs on different hardware or workload configurations anyway (the output says what differs)",
+    )
+    group.add_argument(
+        "--inconclusive",
+        choices=("pass", "fail"),
+        default="pass",
+        help="exit code for an INCONCLUSIVE metric: pass (0, with a warning) or fail (1) (default: %(default)s)",
+    )
+    group.add_argument("--markdown", metavar="PATH", help="also write the result as Markdown (PR comment)")
+    group.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    group.add_argument(
+        "--github-summary",
+        action="store_true",
+        help=f"append the Markdown to ${ENV_GITHUB_SUMMARY} (the GitHub Actions job summary)",
+    )
+
+
+def add_commands(sub: Any, usage_error: type[Exception]) -> None:
+    """Register the commands on the CLI's subparsers; `usage_error` is the CLI's exit-code-2 error."""
+    compare = sub.add_parser(
+        "compare",
+        help="compare a candidate's runs with a baseline's: REGRESSION, IMPROVEMENT, NO CHANGE or INCONCLUSIVE",
+        description="Compare steady-state throughput, step time, peak memory and cost per sample of a "
+        "candidate with a baseline, one figure per run, with a one-sided Welch test on log values and a "
+        "minimum effect. Each side is a run directory, a directory of runs, or a baseline file. Exit code "
+        "0: no regression; 1: regression; 2: bad input.",
+    )
+    compare.add_argument(
+        "baseline", metavar="BASELINE", help="run directory, directory of runs, or baseline file"
+    )
+    compare.add_argument(
+        "candidate", metavar="CANDIDATE", help="run directory, directory of runs, or baseline file"
+    )
+    add_rule_arguments(compare)
+    compare.set_defaults(func=lambda args: _cmd_compare(args, usage_error))
+
+    baseline = sub.add_parser(
+        "baseline",
+        help="save or update a baseline file to commit, for `tuneup compare`",
+        description="A baseline file keeps each run's figures (not the runs themselves) and the hardware and "
+        "workload they ran: small enough to commit, so CI compares against it.",
+    )
+    actions = baseline.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    save = actions.add_parser("save", help="write a new baseline file from runs")
+    save.add_argument("runs", nargs="+", metavar="RUNS", help="run directories or directories of runs")
+    save.add_argument("-o", "--out", required=True, metavar="FILE", help="the baseline file to write")
+    save.add_argument("--force", action="store_true", help="replace an existing file")
+    update = actions.add_parser(
+        "update", help="replace a baseline file's runs with new ones of the same workload"
+    )
+    update.add_argument("file", metavar="FILE", help="the baseline file")
+    update.add_argument("runs", nargs="+", metavar="RUNS", help="run directories or directories of runs")
+    update.add_argument("--allow-mismatch", action="store_true", help="accept other hardware or workload")
+    baseline.set_defaults(func=lambda args: _cmd_baseline(args, usage_error))
+
+    bench = sub.add_parser(
+        "bench",
+        help="run a training workload N times (alternating with a baseline workload), then compare",
+        description="Run a short training workload that uses TuneupCallback N times, each run recorded in "
+        "its own directory (through TUNEUP_DIR), alternating with a baseline workload when one is given, "
+        "then compare the two sets as `tuneup compare` does.",
+    )
+    what = bench.add_mutually_exclusive_group(required=True)
+    what.add_argument("--cmd", metavar="COMMAND", help="the candidate workload, a shell-style command line")
+    what.add_argument(
+        "--entry", metavar="MODULE:FUNCTION", help="the candidate workload, a Python entry point"
+    )
+    base = bench.add_mutually_exclusive_group()
+    base.add_argument("--baseline-cmd", metavar="COMMAND", help="the baseline workload, a command line")
+    base.add_argument(
+        "--baseline-entry", metavar="MODULE:FUNCTION", help="the baseline workload, an entry point"
+    )
+    bench.add_argument("--baseline", metavar="PATH", help="or compare with recorded runs or a baseline file")
+    bench.add_argument("--runs", type=int, default=5, help="runs of each workload (default: %(default)s)")
+    bench.add_argument("--out", metavar="DIR", help="where the runs go (default: reports/bench/<time>)")
+    bench.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds one run may take (default: %(default)s)"
+    )
+    add_rule_arguments(bench)
+    bench.set_defaults(func=lambda args: _cmd_bench(args, usage_error))
+
+
+def _rule(args: argparse.Namespace) -> Any:
+    from tuneup.compare.rule import Rule
+
+    return Rule(alpha=args.alpha, min_effect=args.min_effect)
+
+
+def _compare_and_report(baseline: Side, candidate: Side, args: argparse.Namespace) -> int:
+    from tuneup.compare.compare import compare, format_markdown, format_table
+    from tuneup.compare.rule import Verdict
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    result = compare(
+        baseline, candidate, metrics=metrics, rule=_rule(args), allow_mismatch=args.allow_mismatch
+    )
+    print(format_table(result))
+    markdown = format_markdown(result)
+    for path in filter(
+        None, [args.markdown, os.environ.get(ENV_GITHUB_SUMMARY) if args.github_summary else None]
+    ):
+        with open(path, "a" if path != args.markdown else "w", encoding="utf-8") as f:
+            f.write(markdown)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.as_dict(), indent=1) + "\n", encoding="utf-8")
+    inconclusive = result.count(Verdict.INCONCLUSIVE)
+    if inconclusive and args.inconclusive == "pass":
+        print(
+            f"warning: {inconclusive} metric(s) INCONCLUSIVE: more runs a side would decide", file=sys.stderr
+        )
+    return result.exit_code(inconclusive_fails=args.inconclusive == "fail")
+
+
+def _guarded(action: Callable[[], int], usage_error: type[Exception]) -> int:
+    """Input errors of every kind, as the CLI's one-line exit-code-2 error."""
+    from tuneup.compare.bench import BenchError
+
+    try:
+        return action()
+    except (CompareInputError, BenchError, ValueError) as exc:
+        raise usage_error(str(exc)) from None
+    except OSError as exc:
+        raise usage_error(f"{getattr(exc, 'filename', '') or ''} {exc.strerror or exc}".strip()) from None
+
+
+def _cmd_compare(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+    return _guarded(
+        lambda: _compare_and_report(load_side(args.baseline), load_side(args.candidate), args), usage_error
+    )
+
+
+def _cmd_baseline(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+    from tuneup.compare.runs import baseline_document, load_baseline, mismatches
+
+    def run() -> int:
+        runs = [r for path in args.runs for r in load_side(path).runs]
+        differs = mismatches(runs[0].fingerprint, [r.fingerprint for r in runs[1:]])
+        if differs:
+            raise CompareInputError("the runs differ from each other (" + "; ".join(differs) + ")")
+        if args.action == "save":
+            out = Path(args.out)
+            if out.exists() and not args.force:
+                raise CompareInputError(f"{out} exists; use `tuneup baseline update` or --force")
+            document = baseline_document(runs)
+        else:
+            out = Path(args.file)
+            old = load_baseline(out)
+            differs = mismatches(old.fingerprint, [runs[0].fingerprint])
+            if differs and not args.allow_mismatch:
+                raise CompareInputError(
+                    f"{out}: the new runs ran a different workload or hardware ({'; '.join(differs)}); "
+                    "pass --allow-mismatch to replace it anyway"
+                )
+            created = json.loads(out.read_text(encoding="utf-8")).get("created")
+            document = baseline_document(runs, created=created)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, out)  # a baseline is replaced whole or not at all
+        print(f"wrote {out}: {len(runs)} run(s)")
+        for r in runs:
+            shown = f"{r.throughput:,.4g} {r.throughput_unit}" if r.throughput else "no throughput"
+            print(f"  {r.run_id}: {shown}")
+        return 0
+
+    return _guarded(run, usage_error)
+
+
+def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+    from tuneup.compare.bench import Workload, run_bench
+
+    def run() -> int:
+        candidate = Workload("candidate", args.cmd, args.entry)
+        workloads = [candidate]
+        if args.baseline_cmd or args.baseline_entry:
+            if args.baseline:
+                raise CompareInputError("give --baseline-cmd/--baseline-entry or --baseline, not both")
+            workloads.insert(0, Workload("baseline", args.baseline_cmd, args.baseline_entry))
+        baseline = load_side(args.baseline) if args.baseline else None  # a bad path fails before any run
+        out = Path(args.out) if args.out else Path("reports") / "bench" / time.strftime("%Y%m%d-%H%M%S")
+        sets = run_bench(workloads, args.runs, out, timeout_s=args.timeout)
+        candidate_side = load_side(sets["candidate"])
+        print()
+        for r in candidate_side.runs:
+            print(
+                f"candidate {r.run_id}: {r.throughput:,.4g} {r.throughput_unit}" if r.throughput else r.run_id
+            )
+        if "baseline" in sets:
+            baseline = load_side(sets["baseline"])
+        if baseline is None:
+            print(
+                f"\nno baseline given: the runs are in {sets['candidate']} (compare them later with tuneup compare)"
+            )
+            return 0
+        print()
+        return _compare_and_report(baseline, candidate_side, args)
+
+    return _guarded(run, usage_error)

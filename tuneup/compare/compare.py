@@ -1,0 +1,219 @@
+"""A baseline against a candidate: a verdict per metric, as a terminal table, Markdown and JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide
+from tuneup.compare.runs import METRICS, CompareInputError, Side, mismatches
+
+EXIT_OK = 0
+EXIT_REGRESSION = 1
+
+
+@dataclass(frozen=True)
+class Comparison:
+    baseline: Side
+    candidate: Side
+    rule: Rule
+    results: tuple[MetricComparison, ...]
+    skipped: dict[str, str] = field(default_factory=dict)  # metric -> why it was not compared
+    mismatches: tuple[str, ...] = ()  # what differs between the sides, compared anyway when allowed
+
+    def count(self, verdict: Verdict) -> int:
+        return sum(r.verdict == verdict for r in self.results)
+
+    def exit_code(self, *, inconclusive_fails: bool = False) -> int:
+        if self.count(Verdict.REGRESSION):
+            return EXIT_REGRESSION
+        if inconclusive_fails and self.count(Verdict.INCONCLUSIVE):
+            return EXIT_REGRESSION
+        return EXIT_OK
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "baseline": {
+                "source": self.baseline.label,
+                "kind": self.baseline.kind,
+                "runs": len(self.baseline.runs),
+            },
+            "candidate": {
+                "source": self.candidate.label,
+                "kind": self.candidate.kind,
+                "runs": len(self.candidate.runs),
+            },
+            "rule": {
+                "alpha": self.rule.alpha,
+                "min_effect": self.rule.min_effect,
+                "cv_multiplier": self.rule.cv_multiplier,
+                "confidence": self.rule.confidence,
+                "description": self.rule.describe(),
+            },
+            "metrics": [r.as_dict() for r in self.results],
+            "skipped": self.skipped,
+            "mismatches": list(self.mismatches),
+            "regression": bool(self.count(Verdict.REGRESSION)),
+        }
+
+
+def compare(
+    baseline: Side,
+    candidate: Side,
+    *,
+    metrics: Sequence[str] = tuple(METRICS),
+    rule: Rule | None = None,
+    allow_mismatch: bool = False,
+) -> Comparison:
+    """Compare the sides metric by metric; CompareInputError for sides that must not be compared."""
+    rule = rule or Rule()
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise CompareInputError(f"unknown metric {', '.join(unknown)}; choose from {', '.join(METRICS)}")
+    shared = {r.run_id for r in baseline.runs} & {r.run_id for r in candidate.runs}
+    if shared:
+        raise CompareInputError(
+            f"a run compared with itself ({', '.join(sorted(shared))} on both sides); "
+            "the candidate must be new runs"
+        )
+    differs = tuple(mismatches(baseline.fingerprint, [candidate.fingerprint]))
+    if differs and not allow_mismatch:
+        raise CompareInputError(
+            "the sides ran different hardware or workloads (" + "; ".join(differs) + "); "
+            "compare like with like, or pass --allow-mismatch"
+        )
+    results, skipped = [], {}
+    for key in metrics:
+        metric = METRICS[key]
+        base = [r.value(key) for r in baseline.runs]
+        cand = [r.value(key) for r in candidate.runs]
+        unit = metric.unit
+        if key == "throughput":
+            units = {r.throughput_unit for r in (*baseline.runs, *candidate.runs)}
+            if len(units) > 1:
+                skipped[key] = f"one side counts samples, the other only steps ({', '.join(sorted(units))})"
+                continue
+            unit = units.pop()
+        if key == "peak_memory":
+            kinds = {r.memory_kind for r in (*baseline.runs, *candidate.runs)}
+            if len(kinds) > 1:
+                skipped[key] = f"the sides measured different memory ({', '.join(sorted(map(str, kinds)))})"
+                continue
+        if any(v is None for v in base + cand):
+            skipped[key] = {
+                "peak_memory": "not recorded on every run (GPU peak memory, or the process RSS from telemetry)",
+                "cost_per_sample": "a run is not priced (TuneupCallback(instance=...) or TUNEUP_INSTANCE records one)",
+            }.get(key, "not recorded on every run")
+            continue
+        results.append(
+            decide(
+                metric.label,
+                [float(v) for v in base],  # type: ignore[arg-type]
+                [float(v) for v in cand],  # type: ignore[arg-type]
+                higher_is_better=metric.higher_is_better,
+                unit=unit,
+                rule=rule,
+            )
+        )
+    return Comparison(baseline, candidate, rule, tuple(results), skipped, differs if allow_mismatch else ())
+
+
+# -- rendering ---------------------------------------------------------------------------------------
+
+
+def _value(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "bytes":
+        return f"{v / 2**20:,.1f} MiB"
+    if unit == "USD":
+        return f"${v:.3g}"
+    return f"{v:,.4g} {unit}"
+
+
+def _interval(r: MetricComparison) -> str:
+    return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]" if r.ci_low is not None and r.ci_high is not None else "-"
+
+
+def _p(p: float | None) -> str:
+    return "-" if p is None else (f"{p:.3g}" if p >= 0.001 else "<0.001")
+
+
+def _rows(c: Comparison) -> list[list[str]]:
+    return [
+        [
+            r.metric,
+            r.verdict.value,
+            _value(r.baseline_median, r.unit),
+            _value(r.candidate_median, r.unit),
+            f"{r.ratio:.3f}",
+            _interval(r),
+            _p(r.p_worse),
+            f"{r.threshold:.1%}",
+        ]
+        for r in c.results
+    ]
+
+
+HEADER = ["metric", "verdict", "baseline", "candidate", "ratio", "95% CI", "p (worse)", "threshold"]
+
+
+def _sides(c: Comparison) -> str:
+    return (
+        f"baseline {c.baseline.label} ({len(c.baseline.runs)} run(s), {c.baseline.kind}) against "
+        f"candidate {c.candidate.label} ({len(c.candidate.runs)} run(s), {c.candidate.kind})"
+    )
+
+
+def format_table(c: Comparison) -> str:
+    rows = [HEADER, *_rows(c)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    lines = [_sides(c), ""]
+    for n, row in enumerate(rows):
+        lines.append(
+            "  "
+            + "  ".join(
+                cell.ljust(w) if i < 2 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if n == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.extend(f"  {r.metric}: {r.reason}" for r in c.results)
+    lines.extend(f"  {metric}: not compared, {why}" for metric, why in c.skipped.items())
+    if c.mismatches:
+        lines.append("  compared despite differences (--allow-mismatch): " + "; ".join(c.mismatches))
+    lines.append(f"  rule: {c.rule.describe()}; ratio = candidate median / baseline median")
+    return "\n".join(lines)
+
+
+def _md(text: str) -> str:
+    """Escape what GitHub's Markdown would read as markup in run-derived text."""
+    for ch in "\\`*_[]|<>$~":
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
+def format_markdown(c: Comparison) -> str:
+    """For a GitHub job summary or a PR comment."""
+    regressions = c.count(Verdict.REGRESSION)
+    head = (
+        f"**tuneup compare: {regressions} regression(s)**"
+        if regressions
+        else "**tuneup compare: no regression**"
+    )
+    lines = [head, "", _md(_sides(c)), ""]
+    lines.append("| " + " | ".join(HEADER) + " |")
+    lines.append("| --- | --- | " + " | ".join("---:" for _ in HEADER[2:]) + " |")
+    for row in _rows(c):
+        row[1] = f"**{row[1]}**" if row[1] in ("REGRESSION", "INCONCLUSIVE") else row[1]
+        lines.append("| " + " | ".join(_md(cell) if i != 1 else cell for i, cell in enumerate(row)) + " |")
+    lines.append("")
+    lines.extend(f"- {_md(r.metric)}: {_md(r.reason)}" for r in c.results)
+    lines.extend(f"- {_md(m)}: not compared, {_md(why)}" for m, why in c.skipped.items())
+    if c.mismatches:
+        lines.append("- compared despite differences: " + _md("; ".join(c.mismatches)))
+    lines.append(f"- rule: {_md(c.rule.describe())}; ratio = candidate median / baseline median")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,304 @@
+"""One number per run for each compared metric, and the sides of a comparison: a run, a set, a baseline file.
+
+Steps within a run are autocorrelated and are not independent samples (DESIGN.md), so a run gives one
+figure per metric: its steady-state median (warm-up left out, as the report does). A side is a run
+directory, a directory whose subdirectories are runs, or a committed baseline file (`tuneup baseline`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuneup._version import __version__
+from tuneup.analyze.steady import warmup_steps
+from tuneup.record import RunRecordError, load_run
+from tuneup.record.schema import MANIFEST_FILE, Run
+
+BASELINE_FORMAT = 1
+
+
+class CompareInputError(ValueError):
+    """A side that cannot be compared: one line naming the path and the fix (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+
+
+METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric("throughput", "throughput", "samples/s", True),
+        Metric("step_time", "step time", "ms", False),
+        Metric("peak_memory", "peak memory", "bytes", False),
+        Metric("cost_per_sample", "cost per sample", "USD", False),
+    )
+}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run's figures for comparison; None where the run did not record what a metric needs."""
+
+    run_id: str
+    path: str
+    throughput: float | None
+    throughput_unit: str  # "samples/s", or "steps/s" where samples per batch were not known
+    step_time_ms: float | None
+    peak_memory_bytes: float | None
+    memory_kind: str | None  # "GPU allocated" or "process RSS"
+    usd_per_sample: float | None
+    steady_steps: int
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+    def value(self, metric: str) -> float | None:
+        return {
+            "throughput": self.throughput,
+            "step_time": self.step_time_ms,
+            "peak_memory": self.peak_memory_bytes,
+            "cost_per_sample": self.usd_per_sample,
+        }[metric]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fingerprint(run: Run) -> dict[str, Any]:
+    """What must be equal for two runs' speeds to be comparable: the hardware and the workload's shape."""
+    m = run.manifest
+    t, d, env = m.trainer, m.dataloader, m.environment
+    gpus = (m.gpus or {}).get("gpus") or []
+    return {
+        "hardware": {
+            "accelerator": t.get("accelerator"),
+            "gpus": sorted(str(g.get("name")) for g in gpus if isinstance(g, dict)),
+            "cpu_model": (env.get("host") or {}).get("cpu_model"),
+            "world_size": m.world_size,
+            "num_nodes": m.num_nodes,
+        },
+        "workload": {
+            "model": m.model.get("class"),
+            "parameters": m.model.get("parameters"),
+            "batch_size": d.get("batch_size"),
+            "accumulate_grad_batches": t.get("accumulate_grad_batches"),
+            "precision": t.get("precision"),
+            "strategy": t.get("strategy"),
+        },
+    }
+
+
+def summarize_run(run: Run) -> RunSummary:
+    """The run's steady-state medians: step time of the slowest rank (ranks step together), throughput as
+    the samples of one step on all ranks over that time."""
+    medians, samples_per_step, steady_counts = [], 0.0, []
+    samples_known = True
+    peak_gpu: list[float] = []
+    for rec in run.ranks.values():
+        steps = rec.steps[warmup_steps([s.wall_ms for s in rec.steps]) :]
+        if not steps:
+            continue
+        steady_counts.append(len(steps))
+        medians.append(statistics.median(s.wall_ms for s in steps))
+        samples = [s.samples for s in steps if s.samples is not None]
+        samples_known = samples_known and len(samples) == len(steps)
+        samples_per_step += statistics.median(samples) if samples else 0.0
+        peak_gpu.extend(float(s.peak_mem_bytes) for s in steps if s.peak_mem_bytes)
+    step_ms = max(medians) if medians else None
+    throughput, unit = None, "samples/s"
+    if step_ms:
+        if samples_known and samples_per_step > 0:
+            throughput = samples_per_step / (step_ms / 1000.0)
+        else:
+            throughput, unit = 1000.0 / step_ms, "steps/s"
+    memory, kind = (max(peak_gpu), "GPU allocated") if peak_gpu else (_peak_rss(run), "process RSS")
+    return RunSummary(
+        run_id=run.run_id,
+        path=str(run.path),
+        throughput=throughput,
+        throughput_unit=unit,
+        step_time_ms=step_ms,
+        peak_memory_bytes=memory,
+        memory_kind=kind if memory is not None else None,
+        usd_per_sample=_usd_per_sample(run, throughput if unit == "samples/s" else None),
+        steady_steps=min(steady_counts) if steady_counts else 0,
+        fingerprint=fingerprint(run),
+    )
+
+
+def _peak_rss(run: Run) -> float | None:
+    peaks = []
+    for rec in run.ranks.values():
+        rss = [
+            float(p["rss_bytes"])
+            for sample in rec.telemetry
+            if isinstance(p := sample.get("process"), dict) and isinstance(p.get("rss_bytes"), (int, float))
+        ]
+        if rss:
+            peaks.append(max(rss))
+    return max(peaks) if peaks else None
+
+
+def _usd_per_sample(run: Run, samples_per_s: float | None) -> float | None:
+    """The recorded price (if the run has one) over the throughput."""
+    if not samples_per_s:
+        return None
+    from tuneup.cost.pricing import price_for_run
+
+    recorded = run.manifest.raw.get("pricing")
+    if not isinstance(recorded, dict):
+        return None
+    price, _why, _warnings = price_for_run(
+        recorded, None, devices=run.world_size, nodes=run.manifest.num_nodes
+    )
+    return price.usd_per_hour / 3600.0 / samples_per_s if price is not None else None
+
+
+# -- sides -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: its runs' summaries and where they came from."""
+
+    label: str
+    kind: str  # "run", "set" or "baseline file"
+    runs: tuple[RunSummary, ...]
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return self.runs[0].fingerprint if self.runs else {}
+
+
+def _load_one(path: Path) -> RunSummary:
+    return summarize_run(load_run(path))
+
+
+def load_side(path: str | Path) -> Side:
+    """A run directory, a directory of run directories, or a baseline file; CompareInputError otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise CompareInputError(
+            f"{p}: no such file or directory; give a run directory, a set of runs or a baseline file"
+        )
+    if p.is_file():
+        return load_baseline(p)
+    try:
+        if (p / MANIFEST_FILE).is_file():
+            return Side(str(p), "run", (_load_one(p),))
+        subdirs = sorted(q for q in p.iterdir() if q.is_dir() and (q / MANIFEST_FILE).is_file())
+        if not subdirs:
+            raise CompareInputError(
+                f"{p}: an empty set: neither a run (no {MANIFEST_FILE}) nor a directory of runs; "
+                "point at what `tuneup bench` or TuneupCallback wrote"
+            )
+        runs = tuple(_load_one(q) for q in subdirs)
+    except RunRecordError as exc:
+        raise CompareInputError(str(exc)) from None
+    side = Side(str(p), "set", runs)
+    differs = mismatches(runs[0].fingerprint, [r.fingerprint for r in runs[1:]])
+    if differs:
+        raise CompareInputError(f"{p}: the runs of this set differ from each other ({'; '.join(differs)})")
+    return side
+
+
+def mismatches(reference: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What differs between fingerprints, as 'hardware.world_size: 2 vs 4' phrases."""
+    out: list[str] = []
+    for other in others:
+        for group in sorted(set(reference) | set(other)):
+            a, b = reference.get(group) or {}, other.get(group) or {}
+            for key in sorted(set(a) | set(b)):
+                phrase = f"{group}.{key}: {a.get(key)!r} vs {b.get(key)!r}"
+                if a.get(key) != b.get(key) and phrase not in out:
+                    out.append(phrase)
+    return out
+
+
+# -- baseline files ----------------------------------------------------------------------------------
+
+
+def baseline_document(runs: Sequence[RunSummary], *, created: str | None = None) -> dict[str, Any]:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "tuneup_baseline": BASELINE_FORMAT,
+        "tuneup_version": __version__,
+        "created": created or now,
+        "updated": now,
+        "fingerprint": runs[0].fingerprint if runs else {},
+        "runs": [{k: v for k, v in r.as_dict().items() if k != "fingerprint"} for r in runs],
+    }
+
+
+def load_baseline(path: Path) -> Side:
+    """A committed baseline file; a damaged one is CompareInputError naming the file and the problem."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise CompareInputError(f"{path}: not a tuneup baseline file (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise CompareInputError(
+            f"{path}: not a tuneup baseline file (invalid JSON at line {exc.lineno}, column {exc.colno}); "
+            "recreate it with `tuneup baseline save`"
+        ) from None
+    except OSError as exc:
+        raise CompareInputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if not isinstance(data, dict) or "tuneup_baseline" not in data:
+        raise CompareInputError(f"{path}: not a tuneup baseline file (no 'tuneup_baseline' key)")
+    if data["tuneup_baseline"] != BASELINE_FORMAT:
+        raise CompareInputError(
+            f"{path}: baseline format {data['tuneup_baseline']!r}, this tuneup reads {BASELINE_FORMAT}; "
+            "recreate it with this version's `tuneup baseline save`"
+        )
+    entries = data.get("runs")
+    fp = data.get("fingerprint")
+    if not isinstance(entries, list) or not entries or not isinstance(fp, dict):
+        raise CompareInputError(f"{path}: a baseline file without runs; save one with `tuneup baseline save`")
+    runs = []
+    for i, entry in enumerate(entries):
+        try:
+            runs.append(_baseline_run(entry, fp))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise CompareInputError(f"{path}: run {i + 1} of the baseline is damaged ({exc})") from None
+    return Side(str(path), "baseline file", tuple(runs))
+
+
+def _number(entry: Mapping[str, Any], key: str) -> float | None:
+    value = entry.get(key)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{key} must be a positive number or null, got {value!r}")
+    return float(value)
+
+
+def _baseline_run(entry: Any, fp: dict[str, Any]) -> RunSummary:
+    if not isinstance(entry, dict):
+        raise TypeError("not an object")
+    return RunSummary(
+        run_id=str(entry["run_id"]),
+        path=str(entry.get("path", "")),
+        throughput=_number(entry, "throughput"),
+        throughput_unit=str(entry.get("throughput_unit", "samples/s")),
+        step_time_ms=_number(entry, "step_time_ms"),
+        peak_memory_bytes=_number(entry, "peak_memory_bytes"),
+        memory_kind=entry.get("memory_kind"),
+        usd_per_sample=_number(entry, "usd_per_sample"),
+        steady_steps=int(entry.get("steady_steps", 0)),
+        fingerprint=fp,
+    )
