@@ -40,10 +40,9 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date
 from pathlib import Path
 
-from tuneup.data.catalog_columns import GPU_COLUMNS, INSTANCE_COLUMNS
+from tuneup.data.catalog_format import GPU_COLUMNS, INSTANCE_COLUMNS, as_of_date_from_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -101,7 +100,6 @@ UNDATED = "undated: the source catalog commit's date is not known"
 _PARENS = re.compile(r"^(?P<name>[^()]+?)\s*\((?P<inside>[^()]*)\)\s*(?P<rest>.*)$")
 _GPU_ONLY = re.compile(r"^(?P<gpu>[A-Za-z0-9]+)(?: x(?P<count>\d+))? attached to (?P<host>[A-Za-z0-9]+)$")
 _SOURCE_REGION = re.compile(r"vms\.csv@[0-9a-f]+ (?P<region>[a-z]+(?:-[a-z]+)*(?:-?\d+)?)(?=[\s;]|$)")
-_ISO_DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
 _NUMBER = re.compile(r"^\d+(\.\d+)?$")
 
 
@@ -190,17 +188,6 @@ def doubtful_clauses(text: str) -> list[str]:
     return [c for c in clauses(text) if DOUBT_WORDS.search(c)]
 
 
-def as_of_date(as_of: str) -> str | None:
-    """The latest ISO date the as_of text names (tuneup.cost.catalog derives it the same way)."""
-    dates = []
-    for text in _ISO_DATE.findall(as_of):
-        try:
-            dates.append(date.fromisoformat(text).isoformat())
-        except ValueError:
-            continue
-    return max(dates) if dates else None
-
-
 def _number(key: str, column: str, text: str, *, whole: bool = False, required: bool = False) -> str:
     text = text.strip()
     if not text:
@@ -248,7 +235,7 @@ def build_instances(prices_text: str, version: str = CATALOG_VERSION, *, all_fac
         on_demand = _number(key, "on_demand_usd_hr", src["on_demand_usd_hr"], required=True)
         spot = _number(key, "spot_usd_hr", src["spot_usd_hr"])
         as_of = src["as_of"].strip()
-        dated = as_of_date(as_of)
+        dated = as_of_date_from_text(as_of)
         doubts: list[str] = []
         if named.gpu_only_host:
             doubts.append(

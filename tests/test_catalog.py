@@ -659,7 +659,10 @@ def test_build_splits_names_and_keeps_doubt(tmp_path: Path) -> None:
     assert second["host_included"] == "no" and "G2 host" in second["doubt"]
     assert second["as_of_date"] == "2026-10-02" and second["vcpus"] == ""
     assert (third["doubt"], third["as_of_date"], third["on_demand_usd_hr"]) == ("", "2026-11-09", "55.04")
-    assert build.as_of_date("x 2026-09-25 and 2026-11-09") == as_of_date_from_text("2026-11-09; 2026-09-25")
+    # The build and the loader date an as-of text with the same function: the latest date it names.
+    assert build.as_of_date_from_text is as_of_date_from_text
+    assert as_of_date_from_text("x 2026-09-25 and 2026-11-09") == "2026-11-09"
+    assert as_of_date_from_text("commit 006059e0 (date not exposed by index)") is None
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from tuneup.data.catalog_columns import GPU_COLUMNS, INSTANCE_COLUMNS
+from tuneup.data.catalog_format import GPU_COLUMNS, INSTANCE_COLUMNS, as_of_date_from_text
 
 PACKAGED = "packaged"
 INSTANCES_FILE = "instances.csv"
@@ -87,7 +87,6 @@ PRECISION_TO_COLUMN = {
 }
 
 NVIDIA_PCI_VENDOR_ID = 0x10DE
-_ISO_DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
 _PROVIDER = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _INSTANCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
@@ -307,17 +306,6 @@ def catalog_version_from_text(text: str) -> str | None:
         return None
     rest = first[len(VERSION_LINE_PREFIX) :].split()
     return rest[0].rstrip(";,") if rest else None
-
-
-def as_of_date_from_text(as_of: str) -> str | None:
-    """The latest ISO date (YYYY-MM-DD) an as_of text names, or None when it names none."""
-    dates = []
-    for text in _ISO_DATE.findall(as_of):
-        try:
-            dates.append(date.fromisoformat(text).isoformat())
-        except ValueError:
-            continue
-    return max(dates) if dates else None
 
 
 def _records(

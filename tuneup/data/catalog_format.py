@@ -1,8 +1,15 @@
-"""The columns of the packaged catalogs, in file order.
+"""The format of the packaged catalogs: their columns in file order, and how an as-of text is dated.
 
 Here, apart from the loader (tuneup.cost.catalog, which reads the packaged files when imported), so that
-scripts/build_catalogs.py can write the files from nothing with the same columns the loader reads.
+scripts/build_catalogs.py can write the files from nothing in the format the loader reads.
 """
+
+from __future__ import annotations
+
+import re
+from datetime import date
+
+_ISO_DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
 
 INSTANCE_COLUMNS = (
     "key",
@@ -41,3 +48,14 @@ GPU_COLUMNS = (
     "notes",
     "doubt",
 )
+
+
+def as_of_date_from_text(as_of: str) -> str | None:
+    """The latest ISO date (YYYY-MM-DD) an as_of text names, or None when it names none."""
+    dates = []
+    for text in _ISO_DATE.findall(as_of):
+        try:
+            dates.append(date.fromisoformat(text).isoformat())
+        except ValueError:
+            continue
+    return max(dates) if dates else None
