@@ -33,6 +33,7 @@ from tuneup.cost.pricing import PriceChoice, check_choice, choice_from_env
 from tuneup.plugins.lightning.fetch_tap import FetchTap, fetch_actions
 from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, trainer_config
 from tuneup.record.schema import MANIFEST_FILE, new_run_id
+from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
 
 
@@ -85,6 +86,10 @@ def _guarded(hook: F) -> F:
 def _check_positive(name: str, value: Any, kind: type | tuple[type, ...] = (int, float)) -> None:
     if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
         raise ValueError(f"TuneupCallback({name}=...) must be a positive number, got {value!r}")
+
+
+def _segment_root(run_dir: Path, index: int) -> Path:
+    return run_dir.parent if index > 0 else run_dir
 
 
 def _free_run_dir(base: Path) -> Path:
@@ -224,6 +229,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._peak_mem_bytes: int | None = None
         self._drainer: Drainer | None = None
         self._comm: CommProbe | None = None
+        self._segment: dict[str, Any] | None = None  # None: the run's first segment
+        self._resumed_from: dict[str, Any] | None = None  # a checkpoint's state, until on_train_start
         self._log_queue: deque[tuple[int, dict[str, float]]] = deque()
 
     # -- failure handling --------------------------------------------------------------------------
@@ -243,10 +250,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if self._closed:  # a second fit() with the same callback: a new run, never appended to the last
             self._writer, self._clock, self._sampler, self._drainer = None, None, None, None
             self._closed, self._peak_mem_bytes, self._flops_done = False, None, False
+            self._segment = None
         self._trainer = trainer
         self._rank = int(trainer.global_rank)
         self._world_size = int(trainer.world_size)
-        where: tuple[str, str] | None = None
+        where: tuple[str, str, dict[str, Any] | None] | None = None
         if self._rank == 0:
             # Whatever happens here, rank 0 must reach the broadcast below: the other ranks wait in it.
             try:
@@ -259,7 +267,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if where is None:
             self._disable("no run directory could be chosen")
             return
-        self.run_dir, self.run_id = Path(where[0]), where[1]
+        self.run_dir, self.run_id, self._segment = Path(where[0]), where[1], where[2]
         self._writer = RankWriter(self.run_dir, self._rank, self.policy)
         if self._world_size > 1 and self.profile_communication:
             # Now, before the strategy wraps the model: Lightning registers the DDP comm hook in
@@ -268,17 +276,68 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._comm.record_all = _is_sharded(trainer.strategy)
             self._comm.install()
 
-    def _choose_run_dir(self, trainer: Any) -> tuple[str, str]:
+    def _choose_run_dir(self, trainer: Any) -> tuple[str, str, dict[str, Any] | None]:
+        """(run directory, run id, segment): a new run, or, after a torchrun restart, the next segment of
+        the run the first attempt began (torchrun's run id is the same across its restarts)."""
         run_id = new_run_id()
+        elastic_id, restarts = elastic_identity()
         # `tuneup bench` gives each run its directory through the environment; an explicit dirpath wins.
         dirpath = self.dirpath or (Path(os.environ[ENV_RUN_DIR]) if os.environ.get(ENV_RUN_DIR) else None)
+        if dirpath is None and elastic_id is not None:
+            dirpath = Path(trainer.default_root_dir) / "tuneup" / f"elastic-{elastic_id}"
+        if dirpath is not None and elastic_id is not None:
+            earlier = existing_manifest(dirpath)
+            if earlier is not None and earlier.get("elastic_run_id") == elastic_id:
+                index = next_segment_index(dirpath)
+                segment = {"index": index, "reason": "restart", "restart_count": restarts}
+                return str(segment_dir(dirpath, index)), str(earlier.get("run_id")), segment
         if dirpath is not None:
             run_dir = _free_run_dir(dirpath)
             # A directory the user named ("run", "exp42") is not an id: the id names this run anywhere.
             run_id = f"{run_dir.name}-{run_id}"
         else:
             run_dir = Path(trainer.default_root_dir) / "tuneup" / run_id
-        return str(run_dir), run_id
+        return str(run_dir), run_id, None
+
+    # -- resuming from a checkpoint: the next segment of the same run ---------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in Lightning's checkpoints, so that a fit resumed from one continues this run."""
+        if self.run_dir is None or self.run_id is None:
+            return {}
+        index = int((self._segment or {}).get("index", 0))
+        return {"run_root": str(_segment_root(self.run_dir, index)), "run_id": self.run_id, "segment": index}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning restores callbacks after their setup and before on_train_start, where it is applied.
+        self._resumed_from = dict(state_dict) if state_dict.get("run_root") else None
+
+    def _continue_resumed_run(self, trainer: Any) -> None:
+        """Move this fit's record into the next segment of the run its checkpoint came from."""
+        state = self._resumed_from
+        self._resumed_from = None
+        if state is None or self.run_dir is None:
+            return
+        root = Path(state["run_root"])
+        here = _segment_root(self.run_dir, int((self._segment or {}).get("index", 0)))
+        if here == root:
+            return  # a torchrun restart already continued that run
+        where: tuple[str, dict[str, Any]] | None = None
+        if self._rank == 0 and existing_manifest(root) is not None and os.access(root, os.W_OK):
+            index = next_segment_index(root)
+            where = (str(segment_dir(root, index)), {"index": index, "reason": "resume"})
+        if self._world_size > 1:
+            where = trainer.strategy.broadcast(where, src=0)  # once, at the start of the fit
+        if where is None:
+            warn_once(
+                "resume-elsewhere",
+                f"resumed from a checkpoint of run {state.get('run_id')} at {root}, which is not here or not "
+                f"writable: recording as a new run in {self.run_dir}",
+            )
+            return
+        self.run_dir, self.run_id = Path(where[0]), str(state.get("run_id"))
+        self._segment = {**where[1], "restart_count": elastic_identity()[1]}
+        self._writer = RankWriter(self.run_dir, self._rank, self.policy)
 
     @_guarded
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -289,6 +348,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._device = getattr(pl_module, "device", None)
         self._automatic_optimization = bool(getattr(pl_module, "automatic_optimization", True))
         self._seen_global_step = int(trainer.global_step)
+        self._continue_resumed_run(trainer)
         timer = self._make_timer()
         self._clock = StepClock(
             timer, self._on_step_resolved, max_pending=self.policy.flush_every_steps + self.max_lag_steps
@@ -423,6 +483,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         manifest = {
             "run_id": self.run_id,
             "created_unix": round(time.time(), 3),
+            "elastic_run_id": elastic_identity()[0],
+            "segment": {
+                **(self._segment or {"index": 0, "reason": "start"}),
+                "global_step_at_start": self._seen_global_step,
+                "checkpoint": str(trainer.ckpt_path) if getattr(trainer, "ckpt_path", None) else None,
+            },
             "world_size": self._world_size,
             "num_nodes": int(getattr(trainer, "num_nodes", 1) or 1),
             "trainer": trainer_config(trainer),

@@ -101,7 +101,9 @@ def make_module(
             self.automatic_optimization = not manual
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
-            if die_at_step >= 0 and self.trainer.global_step >= die_at_step:
+            # Under torchrun, only the first attempt dies: the restart it causes then runs to the end.
+            first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+            if die_at_step >= 0 and self.trainer.global_step >= die_at_step and first_attempt:
                 os.kill(os.getpid(), signal.SIGKILL)
             if slow_step_ms and (slow_rank < 0 or self.global_rank == slow_rank):
                 time.sleep(slow_step_ms / 1000.0)

@@ -24,6 +24,7 @@ from tuneup.analyze.findings import (
     SERIOUS_THROTTLES,
     Finding,
 )
+from tuneup.analyze.interruptions import interruptions_section
 from tuneup.analyze.ranks import RankProfile, Straggler, find_straggler, rank_profile
 from tuneup.analyze.steady import warmup_steps
 from tuneup.analyze.telemetry import RunTelemetry, Series, run_telemetry
@@ -499,9 +500,15 @@ def _communication_findings(comm: dict[str, Any] | None) -> list[Finding]:
     return out
 
 
-def analyze_run(run: Run, cost: CostOptions | None = None) -> dict[str, Any]:
+def analyze_run(
+    run: Run, cost: CostOptions | None = None, segments: list[Run] | None = None
+) -> dict[str, Any]:
     """The report's content as a JSON-ready dict; `cost` adds or replaces the price (`tuneup report
-    --instance ...`). Raises the catalog's or the pricing's ValueError for a bad `cost`."""
+    --instance ...`). Raises the catalog's or the pricing's ValueError for a bad `cost`.
+
+    With `segments` (every segment of a resumed or restarted run, `run` being the last), the figures are
+    the last segment's, and the interruptions section covers them all.
+    """
     inputs, cost_warnings = cost_inputs(run, cost)
     warm = {r: warmup_steps([s.wall_ms for s in rec.steps]) for r, rec in run.ranks.items()}
     steady = {r: rec.steps[warm[r] :] for r, rec in run.ranks.items() if rec.steps[warm[r] :]}
@@ -567,5 +574,13 @@ def analyze_run(run: Run, cost: CostOptions | None = None) -> dict[str, Any]:
     }
     report["data_loader"] = _data_loader(run, steady, step_time["median_ms"])
     report["cost"] = cost_section(report, run, inputs)
+    price = inputs.price
+    per_device_hour = price.usd_per_hour / price.devices if price is not None and price.devices else None
+    report["interruptions"] = interruptions_section(segments or [run], per_device_hour)
+    if segments and len(segments) > 1:
+        report["warnings"].append(
+            f"this run has {len(segments)} segments (resumed or restarted); the figures are of the last one, "
+            f"{run.path}, and the interruptions section covers them all"
+        )
     report["findings"] = [f.as_dict() for f in _findings(report, straggler, warmup)]
     return report

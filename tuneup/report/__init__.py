@@ -64,11 +64,11 @@ def build_report(run_dir: str | os.PathLike[str], cost: CostOptions | None = Non
     """Load and analyse a run: the report's content (what report.json holds). `cost` prices it (or
     replaces the price it recorded); a bad price or catalog raises ReportError."""
     from tuneup.analyze.analysis import analyze_run
-    from tuneup.record import load_run
+    from tuneup.record.segments import load_segments
 
-    run = load_run(run_dir)
+    segments = load_segments(run_dir)
     try:
-        return analyze_run(run, cost)
+        return analyze_run(segments[-1], cost, segments)
     except ValueError as exc:  # the catalog's and the pricing's errors name the option and the fix
         if cost is None:
             raise

@@ -1,0 +1,144 @@
+"""Interruptions: a run's segments, the time and work each interruption cost, and how often to checkpoint.
+
+Each segment after the first began because the one before it ended early (a kill, a crash, a pre-emption)
+or was restarted. An interruption costs the downtime between segments and the work redone: the steps
+between the checkpoint a segment resumed from and where the segment before it had got to.
+
+The checkpoint interval that minimizes the expected loss is Young/Daly's T = sqrt(2 x C x MTBF), with C
+the time to save one checkpoint (measured: how much longer the steps that carried a save took than the
+others) and MTBF the mean time between interruptions (observed: the run's time over its interruptions).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from itertools import pairwise
+from typing import Any
+
+from tuneup._stats import rounded
+from tuneup.analyze.steady import warmup_steps
+from tuneup.record.schema import Run
+
+
+def _r(value: float | None) -> float | None:
+    # Milliseconds matter in redone work and save times: keep six decimals of a second.
+    return rounded(value, 6)
+
+
+# Without an observed interruption the interval is shown for this MTBF, as an example only.
+EXAMPLE_MTBF_S = 24 * 3600.0
+
+
+def _steady_ms(run: Run) -> float | None:
+    times = []
+    for rec in run.ranks.values():
+        steps = rec.steps[warmup_steps([s.wall_ms for s in rec.steps]) :]
+        times.extend(s.wall_ms for s in steps if not s.checkpoint)
+    return statistics.median(times) if times else None
+
+
+def checkpoint_save_s(segments: list[Run]) -> tuple[float | None, int]:
+    """The time one checkpoint save adds to the step it lands in, and how many saves that is from."""
+    extra, saves = [], 0
+    for run in segments:
+        usual = _steady_ms(run)
+        if usual is None:
+            continue
+        for rec in run.ranks.values():
+            flagged = [s.wall_ms for s in rec.steps if s.checkpoint]
+            saves = max(saves, len(flagged))
+            extra.extend(max(0.0, w - usual) / 1000.0 for w in flagged)
+    return (statistics.median(extra), saves) if extra else (None, 0)
+
+
+def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
+    return math.sqrt(2.0 * save_s * mtbf_s)
+
+
+def _segment(run: Run) -> dict[str, Any]:
+    info = run.manifest.raw.get("segment") if isinstance(run.manifest.raw.get("segment"), dict) else {}
+    steps = [s for rec in run.ranks.values() for s in rec.steps]
+    starts = [rec.info.start_unix for rec in run.ranks.values() if rec.info.start_unix]
+    statuses = sorted(
+        {
+            str(rec.info.raw.get("status")) if rec.info.closed else "stopped without closing"
+            for rec in run.ranks.values()
+        }
+    )
+    return {
+        "index": int(info.get("index", 0)),
+        "reason": info.get("reason", "start"),
+        "restart_count": info.get("restart_count"),
+        "checkpoint": info.get("checkpoint"),
+        "path": str(run.path),
+        "world_size": run.world_size,
+        "first_step": min((s.step for s in steps), default=None),
+        "last_step": max((s.step for s in steps), default=None),
+        "start_unix": _r(min(starts)) if starts else None,
+        "end_unix": _r(max(s.t_end for s in steps)) if steps else None,
+        "status": statuses,
+        "step_ms": _r(_steady_ms(run)),
+    }
+
+
+def interruptions_section(segments: list[Run], usd_per_device_hour: float | None = None) -> dict[str, Any]:
+    """The segments, what each interruption cost, and the recommended checkpoint interval."""
+    rows = [_segment(run) for run in segments]
+    downtime_s = redone_s = 0.0
+    for before, after in pairwise(rows):
+        gap = (
+            max(0.0, after["start_unix"] - before["end_unix"])
+            if after["start_unix"] is not None and before["end_unix"] is not None
+            else None
+        )
+        redone = (
+            max(0, before["last_step"] + 1 - after["first_step"])
+            if before["last_step"] is not None and after["first_step"] is not None
+            else None
+        )
+        redo_s = redone * before["step_ms"] / 1000.0 if redone is not None and before["step_ms"] else None
+        after.update(downtime_before_s=_r(gap), redone_steps=redone, redone_s=_r(redo_s))
+        downtime_s += gap or 0.0
+        redone_s += redo_s or 0.0
+    # Every segment after the first began with an interruption; a last one that did not complete is one more.
+    interruptions = len(rows) - 1 + (0 if rows and rows[-1]["status"] == ["completed"] else 1)
+    span = [r for r in rows if r["start_unix"] is not None and r["end_unix"] is not None]
+    run_s = (span[-1]["end_unix"] - span[0]["start_unix"]) if span else None
+    save_s, saves = checkpoint_save_s(segments)
+    mtbf_s = run_s / interruptions if run_s and interruptions else None
+    section: dict[str, Any] = {
+        "segments": rows,
+        "interruptions": interruptions,
+        "downtime_s": _r(downtime_s),
+        "redone_s": _r(redone_s),
+        "lost_s": _r(downtime_s + redone_s),
+        "run_s": _r(run_s),
+        "checkpoint_save_s": _r(save_s),
+        "checkpoint_saves_seen": saves,
+        "mtbf_s": _r(mtbf_s),
+        "recommended_checkpoint_interval_s": _r(young_daly_interval_s(save_s, mtbf_s))
+        if save_s and mtbf_s
+        else None,
+        "example_interval_s": _r(young_daly_interval_s(save_s, EXAMPLE_MTBF_S)) if save_s else None,
+        "example_mtbf_s": EXAMPLE_MTBF_S,
+        "rule": "Young/Daly: interval = sqrt(2 x checkpoint save time x mean time between interruptions)",
+    }
+    if usd_per_device_hour is not None:
+        # Devices were paid while they ran, whatever became of the work; lost work is paid twice.
+        section["usd_all_segments"] = _r(
+            sum(
+                (r["end_unix"] - r["start_unix"]) / 3600.0 * usd_per_device_hour * r["world_size"]
+                for r in span
+            )
+        )
+        section["usd_lost"] = _r(
+            sum(
+                ((r.get("downtime_before_s") or 0.0) + (r.get("redone_s") or 0.0))
+                / 3600.0
+                * usd_per_device_hour
+                * r["world_size"]
+                for r in rows
+            )
+        )
+    return section
