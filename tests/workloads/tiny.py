@@ -169,6 +169,20 @@ def make_trainer(
     )
 
 
+def progress_file_callback(path: str, L: Any) -> Any:
+    """Appends the number of each finished optimizer step to `path` with one unbuffered write, so that a
+    test that kills the process knows how far training got, whatever tuneup managed to write."""
+
+    class _ProgressFile(L.Callback):
+        def __init__(self) -> None:
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            os.write(self.fd, f"{trainer.global_step - 1}\n".encode())
+
+    return _ProgressFile()
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", help="the run directory (default: $TUNEUP_DIR, as `tuneup bench` sets it)")
@@ -185,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--flush-every-steps", type=int, default=50)
     p.add_argument("--no-callback", action="store_true")
     p.add_argument("--comm-hook", default="none", choices=["none", "fp16", "powersgd", "user"])
+    p.add_argument("--progress-file", help="append each finished optimizer step's number here, unbuffered")
     p.add_argument("--save-params", help="write the trained parameters here (torch.save), from rank 0")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -201,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         ]
     )
+    if args.progress_file:
+        callbacks.append(progress_file_callback(args.progress_file, lightning_namespace(args.namespace)))
     fsdp2 = args.strategy == "fsdp2"
     model = make_module(
         args.namespace,
