@@ -160,6 +160,15 @@ def test_the_report_counts_the_interruption_and_the_work_it_cost(tmp_path: Path)
     assert report["run"]["path"] == str(run_dir / "segment-1")  # the figures are the last segment's
     assert any("2 segments" in w for w in report["warnings"])
 
+    from tuneup.report import write_report
+
+    written = write_report(run_dir, tmp_path / "report", "md,html")
+    md = written.path("md").read_text()  # type: ignore[union-attr]
+    section = md.split("## Interruptions and checkpoints\n", 1)[1].split("\n## ", 1)[0]
+    assert "| 1 | resumed from a checkpoint | 1 | 5 to 19 |" in section and "| 3 |" in section
+    assert "exception" in section and "Time to save a checkpoint" in section
+    assert "Interruptions and checkpoints" in written.path("html").read_text()  # type: ignore[union-attr]
+
 
 def test_young_daly_interval() -> None:
     from tuneup.analyze.interruptions import young_daly_interval_s

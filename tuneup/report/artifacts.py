@@ -18,6 +18,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("data-loader", "Data loading"),
     ("communication", "Communication"),
     ("cost", "Cost"),
+    ("interruptions", "Interruptions and checkpoints"),
     ("environment", "Environment"),
     ("warnings", "Warnings"),
 )

@@ -1166,6 +1166,8 @@ def _warnings(report: dict[str, Any]) -> list[Block]:
 
 def report_sections(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[Section]:
     """The report as blocks, one section per `artifacts.SECTIONS` entry, in page order."""
+    from tuneup.report.interruptions import interruptions_blocks  # it builds on this module's blocks
+
     report = _mapping(report)
     built: dict[str, list[Block]] = {
         "summary": _summary(report),
@@ -1178,6 +1180,7 @@ def report_sections(report: dict[str, Any], plots: Sequence[PlotFile]) -> list[S
         "data-loader": _data_loader(report),
         "communication": _communication(report, plots),
         "cost": _cost(report),
+        "interruptions": interruptions_blocks(report),
         "environment": _environment(report),
         "warnings": _warnings(report),
     }
