@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -15,5 +16,6 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def rounded(value: float | None, digits: int = 3) -> float | None:
-    """`value` rounded for a report, None kept None (a figure that could not be measured)."""
-    return None if value is None else round(float(value), digits)
+    """`value` rounded for a report; None (a figure that could not be measured) for None, and for NaN or
+    infinity (a rate over a duration too small to divide by), which JSON cannot hold."""
+    return None if value is None or not math.isfinite(value) else round(float(value), digits)

@@ -26,6 +26,7 @@ from tuneup._log import info_once, warn_once
 from tuneup.collect.batch import BatchCounter
 from tuneup.collect.comm import CommProbe
 from tuneup.collect.drainer import Drainer
+from tuneup.collect.environment import redact_value
 from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
 from tuneup.compare.bench import ENV_RUN_DIR
@@ -691,7 +692,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         try:
             if self._writer is not None and not self._closed:
                 self._writer.add_event(
-                    "exception", type=type(exception).__name__, message=str(exception)[:500]
+                    # Redacted before it is cut, so that a cut cannot split a secret past the redaction.
+                    "exception",
+                    type=type(exception).__name__,
+                    message=redact_value("", str(exception))[:500],
                 )
             self._shutdown("interrupted" if isinstance(exception, KeyboardInterrupt) else "exception")
         except Exception as exc:

@@ -6,6 +6,7 @@ tuneup/report/report.schema.json); renderers draw from it alone.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -78,7 +79,7 @@ def _run_section(run: Run, steady: dict[int, list[StepRecord]], t0: float, t_end
     batch = m.dataloader.get("batch_size")
     accumulate = t.get("accumulate_grad_batches") or 1
     statuses = {
-        str(r): rec.info.raw.get("status", "not closed" if not rec.info.closed else "closed")
+        str(r): rec.info.raw.get("status") or ("not closed" if not rec.info.closed else "closed")
         for r, rec in sorted(run.ranks.items())
     }
     return {
@@ -215,10 +216,11 @@ def _timeseries(run: Run, t0: float) -> dict[str, Any]:
             "step_time_ms": [round(p[2], 3) for p in points],
         }
         for step, _, wall, samples, tokens, step_loss in points:
-            if wall > 0 and samples is not None:
-                throughput.setdefault(step, []).append(samples / wall * 1000.0)
-            if wall > 0 and tokens is not None:
-                token_rate.setdefault(step, []).append(tokens / wall * 1000.0)
+            # A step too short to divide by (a damaged record) has no rate, as one of no time has none.
+            if wall > 0 and samples is not None and math.isfinite(rate := samples / wall * 1000.0):
+                throughput.setdefault(step, []).append(rate)
+            if wall > 0 and tokens is not None and math.isfinite(rate := tokens / wall * 1000.0):
+                token_rate.setdefault(step, []).append(rate)
             if rank == min(run.ranks) and step_loss is not None:
                 loss[step] = step_loss
     n_ranks = len(run.ranks)

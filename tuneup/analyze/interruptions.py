@@ -67,7 +67,7 @@ def _segment(run: Run) -> dict[str, Any]:
         }
     )
     return {
-        "index": int(info.get("index", 0)),
+        "index": int(info.get("index") or 0),
         "reason": info.get("reason", "start"),
         "restart_count": info.get("restart_count"),
         "checkpoint": info.get("checkpoint"),

@@ -152,7 +152,7 @@ def run_telemetry(run: Run, t0_unix: float) -> RunTelemetry:
                 proc.rss_bytes.add(t, _num(p.get("rss_bytes")))
             if isinstance(system := sample.get("system"), dict):
                 system_samples.append((t, system))
-            for g in sample.get("gpus") or []:
+            for g in sample.get("gpus") if isinstance(sample.get("gpus"), list) else []:
                 if not isinstance(g, dict) or not isinstance(g.get("index"), int):
                     continue
                 gpu = gpus.setdefault(

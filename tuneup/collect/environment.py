@@ -292,7 +292,8 @@ _CAPTURED_SLURM_NAMES = frozenset(
     }
 )
 
-_SECRET_NAME_PARTS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+# PASS covers PASSWORD, PASSWD, PASSPHRASE and DB_PASS; a webhook URL or a cookie is a credential too.
+_SECRET_NAME_PARTS = ("TOKEN", "SECRET", "KEY", "PASS", "CREDENTIAL", "AUTH", "COOKIE", "WEBHOOK")
 
 # Issued credentials with a recognizable shape. Each pattern asks for the length of the real thing, so
 # that an ordinary word that happens to start the same way ("hf_home", "sk-node01") is left alone.
@@ -313,11 +314,18 @@ _KNOWN_SECRET = re.compile(
     r")"
 )
 
-_URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]+:[^/\s@]+@")
+# The user may be empty: redis://:password@host is how Redis (and AMQP) URLs carry a password.
+_URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]*:[^/\s@]+@")
 _PRIVATE_KEY_BLOCK = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+# "password=...", and in URLs "&pass=..." or an Azure SAS "&sig=..."; the short names only as words of
+# their own, so that "bypass=true" or "design:v2" stay readable.
 _ASSIGNED_SECRET = re.compile(
-    r"(?i)(?:password|passwd|secret|token|api[_\-]?key)\s*[=:]\s*[^\s,;&]{4,}",
+    r"(?i)(?:password|passwd|secret|token|api[_\-]?key|(?<![a-z])(?:pass|pwd|sig|signature))"
+    r"\s*[=:]\s*[^\s,;&]{4,}",
 )
+# A command line's "--password hunter2", and an HTTP Authorization value ("Basic <base64>", "Bearer ...").
+_PASSWORD_FLAG = re.compile(r"(?i)(?<![A-Za-z0-9\-])--?(?:password|passwd|pass|pwd)\s+[^\s\-]\S{3,}")
+_AUTH_SCHEME = re.compile(r"(?i)\b(?:basic|bearer)\s+(?=\S*[0-9])[A-Za-z0-9+/=._~\-]{8,}")
 
 # GPU and MIG UUIDs (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES) and run ids (sometimes a UUID written
 # with underscores) are random hex by design and not secret. They are taken out before the generic
@@ -362,11 +370,13 @@ def looks_secret(value: str) -> bool:
     """Whether `value` contains something that looks like a credential.
 
     Matches known token shapes (OpenAI/Anthropic "sk-", GitHub "ghp_"/"github_pat_", Slack "xox?-", AWS
-    "AKIA", Hugging Face "hf_", GitLab "glpat-", Google "AIza", JWTs "eyJ..."), a password inside a URL,
-    a private key block, "password=..."-style assignments, and any run of 32 or more base64/hex
-    characters that mixes letters and digits the way random strings do. Paths, device lists ("0,1,2,3"),
-    log levels, interface names, host names, IP addresses and GPU UUIDs do not match. It errs on the side
-    of matching: a redacted value costs a report little, a leaked one cannot be taken back.
+    "AKIA", Hugging Face "hf_", GitLab "glpat-", Google "AIza", JWTs "eyJ..."), a password inside a URL
+    (with or without a user), a private key block, "password=..."-style assignments (and "pass=",
+    "sig=" in URLs), "--password ..." flags, HTTP "Basic"/"Bearer" credentials, and any run of 32 or
+    more base64/hex characters that mixes letters and digits the way random strings do. Paths, device
+    lists ("0,1,2,3"), log levels, interface names, host names, IP addresses and GPU UUIDs do not match.
+    It errs on the side of matching: a redacted value costs a report little, a leaked one cannot be taken
+    back.
     """
     if not value:
         return False
@@ -375,6 +385,8 @@ def looks_secret(value: str) -> bool:
         or _URL_WITH_PASSWORD.search(value)
         or _PRIVATE_KEY_BLOCK.search(value)
         or _ASSIGNED_SECRET.search(value)
+        or _PASSWORD_FLAG.search(value)
+        or _AUTH_SCHEME.search(value)
     ):
         return True
     without_uuids = _UUID.sub(" ", value)
@@ -391,8 +403,9 @@ def _name_is_secret(name: str) -> bool:
 
 
 def redact_value(name: str, value: str) -> str:
-    """`value`, or "<redacted>" when `name` names a credential (contains TOKEN, SECRET, KEY, PASSWORD,
-    PASSWD, CREDENTIAL or AUTH, in any case) or when `value` looks like one (see `looks_secret`).
+    """`value`, or "<redacted>" when `name` names a credential (contains TOKEN, SECRET, KEY, PASS (as in
+    PASSWORD, PASSWD, PASSPHRASE), CREDENTIAL, AUTH, COOKIE or WEBHOOK, in any case) or when `value` looks
+    like one (see `looks_secret`).
 
     Pass an empty `name` to judge the value alone.
     """

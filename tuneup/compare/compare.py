@@ -191,6 +191,7 @@ def format_table(c: Comparison) -> str:
 
 def _md(text: str) -> str:
     """Escape what GitHub's Markdown would read as markup in run-derived text."""
+    text = " ".join(text.split())  # a newline would end the table row or the list item
     for ch in "\\`*_[]|<>$~":
         text = text.replace(ch, "\\" + ch)
     return text

@@ -269,8 +269,13 @@ def price_for_run(
     except (ValueError, OSError) as exc:  # CatalogError and PricingError are ValueErrors
         if override is not None:
             raise
-        warnings.append(
-            f"the run's recorded price ({choice.instance or choice.price_per_hour}) cannot be used: {exc}"
+        # The run names the catalog file, and a catalog error quotes the file: a run directory from
+        # elsewhere must not pull a local file's lines into a report that may be shared. Say where only.
+        why = (
+            f"{type(exc).__name__} in {exc.path}, line {exc.line}" if getattr(exc, "path", None) else str(exc)
         )
-        return None, f"the recorded price cannot be used: {exc}", warnings
+        warnings.append(
+            f"the run's recorded price ({choice.instance or choice.price_per_hour}) cannot be used: {why}"
+        )
+        return None, f"the recorded price cannot be used: {why}", warnings
     return price, None, warnings

@@ -9,16 +9,20 @@ tolerated defect becomes a line in `Run.warnings`.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tuneup.record.schema import (
+    COLLECTIVE_KINDS,
     COLLECTIVES_FILE,
     EVENTS_FILE,
     INFO_FILE,
     MANIFEST_FILE,
+    PHASES,
     RANK_DIR_PREFIX,
     SCHEMA_VERSION,
     STEPS_FILE,
@@ -41,21 +45,196 @@ class RunRecordError(Exception):
     """A run directory that cannot be read. The message names the file and what to do."""
 
 
-def _load_json_object(path: Path) -> dict[str, Any]:
+# No measurement is beyond the range of a 64-bit integer (every counter fits in one); a number that is
+# cannot be a reading, and sums of a few such would overflow a float into inf in the report's figures.
+NUMBER_LIMIT = 2**63
+# More ranks than any job has run: a larger world size is a damaged manifest, not a run to list ranks of.
+MAX_WORLD_SIZE = 2**20
+NOT_A_NUMBER = "NaN, Infinity or a number out of 64-bit range"
+# Text that may hold a number out of that range: a run of 19 digits (2**63 has 19) or a positive exponent.
+# Only lines that hold one, or NaN or Infinity, pay for the slower parse that checks every number.
+_MAYBE_OUT_OF_RANGE = re.compile(r"[0-9](?:[0-9]{18}|[eE]\+?[0-9])")
+
+
+class _NumberCheck:
+    """Hooks for `json.loads` that read NaN, Infinity and out-of-range numbers as null, and count them."""
+
+    def __init__(self) -> None:
+        self.replaced = 0
+
+    def missing(self, _text: str) -> None:
+        self.replaced += 1
+        return None
+
+    def parse_float(self, text: str) -> float | None:
+        value = float(text)
+        return value if math.isfinite(value) and abs(value) <= NUMBER_LIMIT else self.missing(text)
+
+    def parse_int(self, text: str) -> int | None:
+        value = int(text)  # ValueError beyond 4,300 digits: the caller's damaged line
+        # Up to 2**64: unsigned 64-bit values are real readings (torch's random initial seed is one).
+        return value if abs(value) <= 2 * NUMBER_LIMIT else self.missing(text)
+
+
+def _decode(data: bytes) -> tuple[Any, int]:
+    """A JSON value, with NaN, Infinity and out-of-range numbers as None, and how many there were.
+
+    Raises ValueError (UnicodeDecodeError and json.JSONDecodeError among them) or RecursionError (nested
+    too deeply) for text that is not JSON."""
+    text = data.decode("utf-8")
+    if "NaN" not in text and "Infinity" not in text and not _MAYBE_OUT_OF_RANGE.search(text):
+        return json.loads(text), 0
+    check = _NumberCheck()
+    value = json.loads(
+        text, parse_constant=check.missing, parse_float=check.parse_float, parse_int=check.parse_int
+    )
+    return value, check.replaced
+
+
+def _load_json_object(path: Path, warnings: list[str]) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise RunRecordError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        obj = json.loads(text)
+        obj, replaced = _decode(data)
     except json.JSONDecodeError as exc:
         raise RunRecordError(
             f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
             "the file is damaged — restore it or record the run again"
         ) from None
+    except UnicodeDecodeError as exc:
+        raise RunRecordError(
+            f"{path} is not UTF-8 text (byte {exc.start}); the file is damaged — restore it or record the "
+            "run again"
+        ) from None
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, nesting too deep
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise RunRecordError(
+            f"{path} is not valid JSON ({reason}); the file is damaged — restore it or record the run again"
+        ) from None
     if not isinstance(obj, dict):
         raise RunRecordError(f"{path} must hold a JSON object, found {type(obj).__name__}")
+    if replaced:
+        warnings.append(f"{path}: {replaced} value(s) that were {NOT_A_NUMBER} read as missing")
     return obj
+
+
+# The manifest's sections and fields that tuneup reads, with their JSON types: a dict is an object's
+# fields, "*" any of its keys, a one-item list the type of every item. What the writer writes always has
+# them; a value of another type (a manifest edited by hand, or damaged) is read as missing, with a warning,
+# so that no reader of the manifest has to check again. A null is "not recorded", never wrong, but under
+# "*" where the types do not include None.
+_MANIFEST_TYPES: dict[str, Any] = {
+    "trainer": {
+        "namespace": str,
+        "strategy": str,
+        "accelerator": str,
+        "precision": (str, int),
+        "accumulate_grad_batches": int,
+        "max_steps": int,
+        "max_epochs": int,
+        "limit_train_batches": (int, float),
+    },
+    "dataloader": {
+        "batch_size": int,
+        "num_workers": int,
+        "pin_memory": bool,
+        "persistent_workers": bool,
+        "drop_last": bool,
+        "sampler": str,
+        "dataset_len": int,
+    },
+    "model": {"class": str, "parameters": int, "trainable_parameters": int},
+    "environment": {
+        "versions": {"*": (str, int, float, bool, type(None))},
+        "host": {"cpu_model": str, "cpu_count_logical": int, "ram_total_bytes": int},
+        "env": {"*": str},
+        "git": dict,
+        "seeds": dict,
+    },
+    "gpus": {
+        "driver_version": str,
+        "gpus": [
+            {
+                "index": int,
+                "name": str,
+                "pci_bus_id": str,
+                "pci_device_id": (str, int),
+                "memory_total_bytes": int,
+                "nvml_nvlink_version": int,
+                "nvlink_links_active": int,
+                "pcie_max_gen": int,
+                "pcie_max_width": int,
+            }
+        ],
+    },
+    "communication": {"backend": str, "ranks_per_node": int, "nccl_version": str},
+    "pricing": {
+        "instance": str,
+        "spot": bool,
+        "price_per_hour": (int, float),
+        "price_per": str,
+        "catalog": str,
+        "source": str,
+        "electricity_usd_per_kwh": (int, float),
+    },
+    "flops": {"flops_per_sample": (int, float), "count_flops": bool},
+    "recording": dict,
+    "segment": {
+        "index": int,
+        "reason": str,
+        "restart_count": int,
+        "checkpoint": str,
+        "global_step_at_start": int,
+    },
+}
+# The fields of a rank's info.json that are read from its raw form (the others are typed in RankInfo).
+_INFO_TYPES: dict[str, Any] = {"status": str, "data_timing": str, "dropped": {"*": int}}
+
+_WRONG = object()  # a value of the wrong type, to be read as missing
+
+
+def _typed_value(value: Any, spec: Any, where: str, wrong: list[str], nullable: bool = True) -> Any:
+    """`value` without the parts whose type is not the one `spec` gives (read as missing, their names
+    added to `wrong`); _WRONG when `value` itself is not."""
+    if value is None and nullable:
+        return None
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            wrong.append(where)
+            return _WRONG
+        out = dict(value)
+        for key, sub in spec.items():
+            for k in list(out) if key == "*" else [key] if key in out else []:
+                typed = _typed_value(out[k], sub, f"{where}.{k}" if where else k, wrong, nullable=key != "*")
+                if typed is _WRONG:
+                    del out[k]
+                else:
+                    out[k] = typed
+        return out
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            wrong.append(where)
+            return _WRONG
+        items = [_typed_value(v, spec[0], f"{where}[{i}]", wrong) for i, v in enumerate(value)]
+        return [v for v in items if v is not _WRONG and v is not None]
+    types = spec if isinstance(spec, tuple) else (spec,)
+    if isinstance(value, types) and (bool in types or not isinstance(value, bool)):
+        return value
+    wrong.append(where)
+    return _WRONG
+
+
+def _typed_fields(
+    raw: dict[str, Any], types: dict[str, Any], path: Path, warnings: list[str]
+) -> dict[str, Any]:
+    wrong: list[str] = []
+    typed = _typed_value(raw, types, "", wrong)
+    if wrong:
+        shown = ", ".join(wrong[:5]) + (" ..." if len(wrong) > 5 else "")
+        warnings.append(f"{path}: {len(wrong)} field(s) of the wrong type read as missing ({shown})")
+    return typed
 
 
 def _int_field(obj: dict[str, Any], key: str, path: Path, default: int | None = None) -> int:
@@ -65,8 +244,8 @@ def _int_field(obj: dict[str, Any], key: str, path: Path, default: int | None = 
     return value
 
 
-def _parse_manifest(path: Path) -> Manifest:
-    raw = _load_json_object(path)
+def _parse_manifest(path: Path, warnings: list[str]) -> Manifest:
+    raw = _load_json_object(path, warnings)
     version = raw.get("schema_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise RunRecordError(f"{path}: 'schema_version' must be an integer, found {version!r}")
@@ -78,8 +257,13 @@ def _parse_manifest(path: Path) -> Manifest:
     if version < 1:
         raise RunRecordError(f"{path}: unknown schema version {version}")
     world_size = _int_field(raw, "world_size", path)
-    if world_size < 1:
-        raise RunRecordError(f"{path}: 'world_size' must be at least 1, found {world_size}")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise RunRecordError(f"{path}: 'world_size' must be from 1 to {MAX_WORLD_SIZE:,}, found {world_size}")
+    num_nodes = _int_field(raw, "num_nodes", path, default=1)
+    if num_nodes < 1:
+        raise RunRecordError(f"{path}: 'num_nodes' must be at least 1, found {num_nodes}")
+
+    raw = _typed_fields(raw, _MANIFEST_TYPES, path, warnings)
 
     def section(key: str) -> dict[str, Any]:
         value = raw.get(key)
@@ -91,7 +275,7 @@ def _parse_manifest(path: Path) -> Manifest:
         run_id=str(raw.get("run_id") or path.parent.name),
         created_unix=float(created) if isinstance(created, (int, float)) else 0.0,
         world_size=world_size,
-        num_nodes=_int_field(raw, "num_nodes", path, default=1),
+        num_nodes=num_nodes,
         trainer=section("trainer"),
         dataloader=section("dataloader"),
         model=section("model"),
@@ -120,21 +304,32 @@ def _jsonl(path: Path, warnings: list[str]) -> Iterator[tuple[int, dict[str, Any
             f"{path}: last line is incomplete (the process stopped while writing); it was skipped"
         )
     bad: list[int] = []
+    replaced: list[int] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            obj, count = _decode(line)
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, an endless integer, nested too deep
             bad.append(number)
             continue
         if not isinstance(obj, dict):
             bad.append(number)
             continue
+        if count:
+            replaced.append(number)
         yield number, obj
     if bad:
-        shown = ", ".join(str(n) for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
-        warnings.append(f"{path}: {len(bad)} damaged line(s) skipped (line {shown})")
+        warnings.append(f"{path}: {len(bad)} damaged line(s) skipped (line {_shown(bad)})")
+    if replaced:
+        warnings.append(
+            f"{path}: {len(replaced)} line(s) with values that were {NOT_A_NUMBER}, read as missing "
+            f"(line {_shown(replaced)})"
+        )
+
+
+def _shown(numbers: list[int]) -> str:
+    return ", ".join(str(n) for n in numbers[:5]) + (" ..." if len(numbers) > 5 else "")
 
 
 def _typed(path: Path, warnings: list[str], build: Callable[[dict[str, Any]], T], what: str) -> list[T]:
@@ -146,9 +341,8 @@ def _typed(path: Path, warnings: list[str], build: Callable[[dict[str, Any]], T]
         except (KeyError, TypeError, ValueError):
             bad.append(number)
     if bad:
-        shown = ", ".join(str(n) for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
         warnings.append(
-            f"{path}: {len(bad)} {what} line(s) with missing or mistyped fields skipped (line {shown})"
+            f"{path}: {len(bad)} {what} line(s) with missing or mistyped fields skipped (line {_shown(bad)})"
         )
     return out
 
@@ -174,11 +368,35 @@ def _opt_int(obj: dict[str, Any], key: str) -> int | None:
     return None if value is None else int(value)
 
 
+# Durations and counts, which no reading makes negative (the step clock clamps its phases at zero): a
+# negative one is a damaged line, and would make a negative rate of the report's figures.
+_NON_NEGATIVE_STEP_FIELDS = (
+    "wall_ms",
+    *PHASES,
+    "micro_batches",
+    "samples",
+    "tokens",
+    "peak_mem_bytes",
+    "comm_ms",
+    "comm_exposed_ms",
+    "comm_bytes",
+    "comm_count",
+)
+
+
+def _non_negative(record: T, names: tuple[str, ...]) -> T:
+    for name in names:
+        value = getattr(record, name)
+        if value is not None and value < 0:
+            raise ValueError(name)
+    return record
+
+
 def _step(obj: dict[str, Any]) -> StepRecord:
     step = obj["step"]
     if isinstance(step, bool) or not isinstance(step, int):
         raise TypeError("step")
-    return StepRecord(
+    record = StepRecord(
         step=step,
         epoch=int(_num(obj, "epoch")) if obj.get("epoch") is not None else 0,
         t_end=_num(obj, "t_end"),
@@ -200,6 +418,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         comm_bytes=_opt_int(obj, "comm_bytes"),
         comm_count=_opt_int(obj, "comm_count"),
     )
+    return _non_negative(record, _NON_NEGATIVE_STEP_FIELDS)
 
 
 def _opt_str(obj: dict[str, Any], key: str) -> str | None:
@@ -213,26 +432,35 @@ def _opt_str(obj: dict[str, Any], key: str) -> str | None:
 
 def _collective(obj: dict[str, Any]) -> CollectiveRecord:
     kind = obj["kind"]
-    if not isinstance(kind, str):
-        raise TypeError("kind")
-    return CollectiveRecord(
+    if kind not in COLLECTIVE_KINDS:
+        raise ValueError("kind")
+    world_size = _opt_int(obj, "world_size")
+    if world_size is not None and world_size < 1:
+        raise ValueError("world_size")
+    record = CollectiveRecord(
         step=int(_num(obj, "step")),
         kind=kind,
         bytes=int(_num(obj, "bytes")),
         duration_ms=_num(obj, "duration_ms"),
         dtype=_opt_str(obj, "dtype"),
         bucket=_opt_int(obj, "bucket"),
-        world_size=_opt_int(obj, "world_size"),
+        world_size=world_size,
         start_ms=_opt_num(obj, "start_ms"),
         source=_opt_str(obj, "source"),
     )
+    return _non_negative(record, ("bytes", "duration_ms"))
+
+
+def _window_stats(stats: dict[str, Any]) -> dict[str, float]:
+    # A statistic that is not a number is left out, as a metric with no values is.
+    return {k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _window(obj: dict[str, Any]) -> WindowAggregate:
     stats = obj["stats"]
     if not isinstance(stats, dict):
         raise TypeError("stats")
-    return WindowAggregate(
+    record = WindowAggregate(
         first_step=int(_num(obj, "first_step")),
         last_step=int(_num(obj, "last_step")),
         count=int(_num(obj, "count")),
@@ -241,13 +469,14 @@ def _window(obj: dict[str, Any]) -> WindowAggregate:
         samples=_opt_int(obj, "samples"),
         tokens=_opt_int(obj, "tokens"),
         micro_batches=int(_num(obj, "micro_batches")),
-        stats={k: v for k, v in stats.items() if isinstance(v, dict)},
+        stats={k: _window_stats(v) for k, v in stats.items() if isinstance(v, dict)},
     )
+    return _non_negative(record, ("count", "samples", "tokens", "micro_batches"))
 
 
 def _rank_info(rank: int, path: Path, warnings: list[str]) -> RankInfo:
     try:
-        raw = _load_json_object(path)
+        raw = _typed_fields(_load_json_object(path, warnings), _INFO_TYPES, path, warnings)
     except RunRecordError as exc:
         warnings.append(f"rank {rank}: {exc}")
         return RankInfo(rank=rank)
@@ -323,15 +552,20 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     if not run_dir.is_dir():
         raise RunRecordError(f"{run_dir} is a file, not a run directory")
     manifest_path = run_dir / MANIFEST_FILE
-    if not manifest_path.is_file():
+    if not manifest_path.exists():
         raise _not_a_run(run_dir)
-    manifest = _parse_manifest(manifest_path)
-
     warnings: list[str] = []
+    manifest = _parse_manifest(manifest_path, warnings)
+    try:
+        # Listed once: a stat per rank would take long for a large world size.
+        rank_dirs = {p.name for p in run_dir.iterdir() if p.is_dir()}
+    except OSError as exc:
+        raise RunRecordError(f"cannot read {run_dir}: {exc.strerror or exc}") from None
+
     ranks: dict[int, RankRecord] = {}
     missing: list[int] = []
     for rank in range(manifest.world_size):
-        if not (run_dir / rank_dir_name(rank)).is_dir():
+        if rank_dir_name(rank) not in rank_dirs:
             missing.append(rank)
             continue
         ranks[rank] = _load_rank(run_dir, rank, warnings)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -88,7 +89,7 @@ def write_report(
     """
     wanted = parse_formats(formats)
     report = build_report(run_dir, cost)
-    target = Path(out_dir) if out_dir is not None else Path("reports") / report["run"]["run_id"]
+    target = Path(out_dir) if out_dir is not None else Path("reports") / _plain_name(report["run"]["run_id"])
     try:
         target.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".tuneup-report-", dir=target))
@@ -111,6 +112,13 @@ def write_report(
     return WrittenReport(
         out_dir=target, files=files, warnings=report["warnings"], findings=report["findings"]
     )
+
+
+def _plain_name(run_id: Any) -> str:
+    """The run id as one plain directory name: a recorded id is data, and must not steer where files go
+    (`../../x`, an absolute path)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(run_id)).strip("._")
+    return name or "run"
 
 
 def _render_into(report: dict[str, Any], scratch: Path, formats: tuple[str, ...]) -> list[str]:
