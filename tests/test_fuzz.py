@@ -179,9 +179,9 @@ _RAW = "__fuzz_raw_value__"
 # -- the run every example starts from ------------------------------------------------------------------
 
 
-def write_base_run(path: Path) -> Path:
+def write_base_run(path: Path, run_id: str = "fuzz") -> Path:
     """A small, complete run through the real writer: everything the reader and the report read."""
-    write_manifest(path, MANIFEST)
+    write_manifest(path, {**MANIFEST, "run_id": run_id})
     for rank in range(WORLD_SIZE):
         w = RankWriter(path, rank, RecordingPolicy(window_steps=4, flush_every_steps=100))
         w.open(
@@ -257,18 +257,27 @@ def write_base_run(path: Path) -> Path:
 
 
 @cache
-def base_run() -> Path:
-    # Written once per test process; every example works on its own copy.
-    root = Path(tempfile.mkdtemp(prefix="tuneup-fuzz-base-"))
-    return write_base_run(root / "base")
+def _base_root() -> Path:
+    return Path(tempfile.mkdtemp(prefix="tuneup-fuzz-base-"))
+
+
+def base_run(run_id: str = "fuzz") -> Path:
+    return _written_base_run(run_id)
+
+
+@cache
+def _written_base_run(run_id: str) -> Path:
+    # Written once per test process (cached on the id alone); every example works on its own copy.
+    return write_base_run(_base_root() / run_id, run_id)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _remove_base_run():
+def _remove_base_runs():
     yield
-    if base_run.cache_info().currsize:
-        shutil.rmtree(base_run().parent, ignore_errors=True)
-        base_run.cache_clear()
+    if _base_root.cache_info().currsize:
+        shutil.rmtree(_base_root(), ignore_errors=True)
+        _base_root.cache_clear()
+        _written_base_run.cache_clear()
 
 
 # -- mutations ------------------------------------------------------------------------------------------
@@ -392,9 +401,9 @@ def mutate(draw: Draw, run: Path) -> str:
     return f"{name}: {what}"
 
 
-def damaged_copy(draw: Draw, root: Path, mutations: int) -> tuple[Path, list[str]]:
+def damaged_copy(draw: Draw, root: Path, mutations: int, run_id: str = "fuzz") -> tuple[Path, list[str]]:
     run = root / "run"
-    shutil.copytree(base_run(), run)
+    shutil.copytree(base_run(run_id), run)
     done = [mutate(draw, run) for _ in range(mutations)]
     return run, done
 
@@ -484,7 +493,7 @@ def check_show(capsys: pytest.CaptureFixture[str], run: Path, loaded: bool) -> N
 
 
 FUZZ = settings(
-    max_examples=150,
+    max_examples=300,
     deadline=5000,
     derandomize=True,
     database=None,
@@ -508,13 +517,14 @@ def test_damaged_run_loads_with_warnings_or_fails_in_one_line(
         check_show(capsys, run, loaded)
 
 
-@settings(FUZZ, max_examples=50)
+@settings(FUZZ, max_examples=100)
 @given(data=st.data())
 def test_compare_with_a_damaged_run_exits_0_1_or_2(
     data: st.DataObject, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        run, done = damaged_copy(data.draw, Path(tmp), 1)
+        # Another run of the same workload (compare refuses a run compared with itself), then damaged.
+        run, done = damaged_copy(data.draw, Path(tmp), 1, run_id="fuzz-candidate")
         note(str(done))
         result = Path(tmp) / "compare.json"
         code, _, _ = run_cli(capsys, ["compare", str(base_run()), str(run), "--json", str(result)], (0, 1, 2))
@@ -530,6 +540,8 @@ def test_the_undamaged_run_reports_cleanly(tmp_path: Path, capsys: pytest.Captur
     check_report(capsys, base_run(), tmp_path / "out", loaded=True)
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["communication"] and report["telemetry"]["gpus"] and report["cost"]["priced"]
+    _, out, _ = run_cli(capsys, ["compare", str(base_run()), str(base_run("fuzz-candidate"))], (0,))
+    assert "throughput" in out
 
 
 # -- regression tests: the smallest damage that once broke the reader or the report -----------------------
@@ -595,6 +607,7 @@ def test_a_line_the_json_parser_raises_on_is_a_damaged_line(
         (b'{"schema_version": 1, "world_size": 2, "run_id": "\xff"}', "not UTF-8 text"),  # UnicodeDecodeError
         (b"[" * 100_000, "nested too deeply"),  # RecursionError
         (b'{"schema_version": 1, "world_size": ' + b"9" * 5000 + b"}", "not valid JSON"),  # ValueError
+        (b"null", "must hold a JSON object, found null"),
     ],
 )
 def test_a_manifest_the_json_parser_raises_on_fails_in_one_line(

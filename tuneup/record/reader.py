@@ -114,7 +114,8 @@ def _load_json_object(path: Path, warnings: list[str]) -> dict[str, Any]:
             f"{path} is not valid JSON ({reason}); the file is damaged — restore it or record the run again"
         ) from None
     if not isinstance(obj, dict):
-        raise RunRecordError(f"{path} must hold a JSON object, found {type(obj).__name__}")
+        found = "null" if obj is None else "an array" if isinstance(obj, list) else type(obj).__name__
+        raise RunRecordError(f"{path} must hold a JSON object, found {found}")
     if replaced:
         warnings.append(f"{path}: {replaced} value(s) that were {NOT_A_NUMBER} read as missing")
     return obj
