@@ -175,3 +175,22 @@ def test_young_daly_interval() -> None:
 
     # A 30 s save and one interruption a day: sqrt(2 x 30 x 86,400) = 2,276.8 s, about 38 minutes.
     assert young_daly_interval_s(30.0, 86_400.0) == pytest.approx(2276.8, abs=0.1)
+
+
+class InterruptAt(L.Callback):
+    """Ctrl-C in the middle of training."""
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step >= 3:
+            raise KeyboardInterrupt
+
+
+def test_a_keyboard_interrupt_closes_the_record_as_interrupted(tmp_path: Path) -> None:
+    callback = TuneupCallback(dirpath=tmp_path / "run")
+    with pytest.raises((KeyboardInterrupt, SystemExit)):  # Lightning turns it into SystemExit(1)
+        fit(tmp_path, [callback, InterruptAt()], max_steps=20)
+    run = load_run(tmp_path / "run")
+    info = run.ranks[0].info
+    assert info.closed and info.raw["status"] == "interrupted"
+    assert [s.step for s in run.steps(0)] == [0, 1, 2]
+    assert run.warnings == []
