@@ -17,7 +17,7 @@ from itertools import pairwise
 from typing import Any
 
 from tuneup._stats import rounded
-from tuneup.analyze.steady import warmup_steps
+from tuneup.analyze.steady import steady_steps
 from tuneup.record.schema import Run
 
 
@@ -33,8 +33,7 @@ EXAMPLE_MTBF_S = 24 * 3600.0
 def _steady_ms(run: Run) -> float | None:
     times = []
     for rec in run.ranks.values():
-        steps = rec.steps[warmup_steps([s.wall_ms for s in rec.steps]) :]
-        times.extend(s.wall_ms for s in steps if not s.checkpoint)
+        times.extend(s.wall_ms for s in steady_steps(rec.steps) if not s.checkpoint)
     return statistics.median(times) if times else None
 
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 WARMUP_FACTOR = 1.5
 
@@ -30,3 +33,8 @@ def warmup_steps(wall_ms: Sequence[float]) -> int:
         if wall_ms[k] <= limit and statistics.median(wall_ms[k : k + window]) <= limit:
             return k
     return n // 2
+
+
+def steady_steps(steps: Sequence[T]) -> Sequence[T]:
+    """The steps after warm-up, of one rank's steps in order (anything with a `wall_ms`)."""
+    return steps[warmup_steps([s.wall_ms for s in steps]) :]  # type: ignore[attr-defined]

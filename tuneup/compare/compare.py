@@ -8,6 +8,7 @@ from typing import Any
 
 from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide
 from tuneup.compare.runs import METRICS, CompareInputError, Side, mismatches
+from tuneup.report.markdown import markdown_text
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -189,14 +190,6 @@ def format_table(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def _md(text: str) -> str:
-    """Escape what GitHub's Markdown would read as markup in run-derived text."""
-    text = " ".join(text.split())  # a newline would end the table row or the list item
-    for ch in "\\`*_[]|<>$~":
-        text = text.replace(ch, "\\" + ch)
-    return text
-
-
 def format_markdown(c: Comparison) -> str:
     """For a GitHub job summary or a PR comment."""
     regressions = c.count(Verdict.REGRESSION)
@@ -205,16 +198,18 @@ def format_markdown(c: Comparison) -> str:
         if regressions
         else "**tuneup compare: no regression**"
     )
-    lines = [head, "", _md(_sides(c)), ""]
+    lines = [head, "", markdown_text(_sides(c)), ""]
     lines.append("| " + " | ".join(HEADER) + " |")
     lines.append("| --- | --- | " + " | ".join("---:" for _ in HEADER[2:]) + " |")
     for row in _rows(c):
         row[1] = f"**{row[1]}**" if row[1] in ("REGRESSION", "INCONCLUSIVE") else row[1]
-        lines.append("| " + " | ".join(_md(cell) if i != 1 else cell for i, cell in enumerate(row)) + " |")
+        lines.append(
+            "| " + " | ".join(markdown_text(cell) if i != 1 else cell for i, cell in enumerate(row)) + " |"
+        )
     lines.append("")
-    lines.extend(f"- {_md(r.metric)}: {_md(r.reason)}" for r in c.results)
-    lines.extend(f"- {_md(m)}: not compared, {_md(why)}" for m, why in c.skipped.items())
+    lines.extend(f"- {markdown_text(r.metric)}: {markdown_text(r.reason)}" for r in c.results)
+    lines.extend(f"- {markdown_text(m)}: not compared, {markdown_text(why)}" for m, why in c.skipped.items())
     if c.mismatches:
-        lines.append("- compared despite differences: " + _md("; ".join(c.mismatches)))
-    lines.append(f"- rule: {_md(c.rule.describe())}; ratio = candidate median / baseline median")
+        lines.append("- compared despite differences: " + markdown_text("; ".join(c.mismatches)))
+    lines.append(f"- rule: {markdown_text(c.rule.describe())}; ratio = candidate median / baseline median")
     return "\n".join(lines) + "\n"

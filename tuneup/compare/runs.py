@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from tuneup._version import __version__
-from tuneup.analyze.steady import warmup_steps
+from tuneup.analyze.steady import steady_steps
+from tuneup.analyze.telemetry import run_telemetry
 from tuneup.record import RunRecordError, load_run
 from tuneup.record.schema import MANIFEST_FILE, Run
 
@@ -105,7 +106,7 @@ def summarize_run(run: Run) -> RunSummary:
     samples_known = True
     peak_gpu: list[float] = []
     for rec in run.ranks.values():
-        steps = rec.steps[warmup_steps([s.wall_ms for s in rec.steps]) :]
+        steps = steady_steps(rec.steps)
         if not steps:
             continue
         steady_counts.append(len(steps))
@@ -137,16 +138,9 @@ def summarize_run(run: Run) -> RunSummary:
 
 
 def _peak_rss(run: Run) -> float | None:
-    peaks = []
-    for rec in run.ranks.values():
-        rss = [
-            float(p["rss_bytes"])
-            for sample in rec.telemetry
-            if isinstance(p := sample.get("process"), dict) and isinstance(p.get("rss_bytes"), (int, float))
-        ]
-        if rss:
-            peaks.append(max(rss))
-    return max(peaks) if peaks else None
+    """The largest resident memory of any rank's process tree, as the report's telemetry reads it."""
+    peaks = [p.rss_bytes.max() for p in run_telemetry(run, 0.0).processes if p.rss_bytes.values]
+    return max(peaks) if peaks else None  # type: ignore[type-var]
 
 
 def _usd_per_sample(run: Run, samples_per_s: float | None) -> float | None:

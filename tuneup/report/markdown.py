@@ -40,13 +40,16 @@ _ACTIVE = re.compile(r"([\\`*\[\]|~$])")
 _EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 
 
-def _md(value: object) -> str:
+def markdown_text(value: object) -> str:
     """Plain text made safe for a table cell or list item: one line, no markup, no HTML."""
     out = _NEWLINES.sub(" ", str(value))
     # Entities, not backslashes, for HTML's characters: "\<script" would still contain "<script".
     out = out.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     out = _ACTIVE.sub(r"\\\1", out)
     return _EDGE_UNDERSCORE.sub(r"\\_", out)
+
+
+_md = markdown_text  # the short name this module's renderers use
 
 
 def _table(
