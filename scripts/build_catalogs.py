@@ -332,7 +332,8 @@ def build(
 
 def validate(files: dict[str, str]) -> None:
     """Read the built text back with tuneup's own loader: what it refuses, the package would too."""
-    from tuneup.cost.catalog import parse_gpu_specs, parse_instances
+    from tuneup.catalog.gpus import parse_gpu_specs
+    from tuneup.catalog.instances import parse_instances
 
     specs = parse_gpu_specs(files["gpus.csv"], "gpus.csv")
     for row in parse_instances(files["instances.csv"], "instances.csv", "packaged", specs):

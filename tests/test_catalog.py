@@ -19,7 +19,7 @@ from types import ModuleType
 
 import pytest
 
-from tuneup.cost import (
+from tuneup.catalog import (
     CATALOG_VERSION,
     AmbiguousInstanceError,
     CatalogError,
@@ -33,7 +33,9 @@ from tuneup.cost import (
     parse_pci_device_id,
     peak_tflops_for_precision,
 )
-from tuneup.cost.catalog import REQUIRED_INSTANCE_COLUMNS, as_of_date_from_text, catalog_version_from_text
+from tuneup.catalog.csv_text import catalog_version_from_text
+from tuneup.catalog.instances import REQUIRED_INSTANCE_COLUMNS
+from tuneup.data.catalog_format import as_of_date_from_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tuneup" / "data"
@@ -683,9 +685,10 @@ def test_build_refuses_facts_it_cannot_place(line: str, error: str) -> None:
         build.build_instances(f"{header}\n{line}\n")
 
 
-def test_cost_package_does_not_import_torch() -> None:
+def test_catalog_and_cost_packages_do_not_import_torch() -> None:
     code = (
-        "import sys; import tuneup.cost as c; c.load_instances().lookup('aws:p4d.24xlarge');"
+        "import sys, tuneup.cost.pricing, tuneup.cost.figures; import tuneup.catalog as c;"
+        "c.load_instances().lookup('aws:p4d.24xlarge');"
         "c.match_gpu('NVIDIA H200');"
         "assert not {'torch', 'lightning', 'pytorch_lightning'} & set(sys.modules), 'heavy import'"
     )

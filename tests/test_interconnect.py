@@ -15,17 +15,20 @@ from pathlib import Path
 import pytest
 
 from tuneup.analyze.interconnect import (
-    GB,
-    Interconnect,
     bus_factor,
     busbw_bytes_per_s,
     collective_size_bytes,
     collective_table,
-    expected_link,
     fit_alpha_beta,
     link_verdict,
-    load_interconnects,
     model_time_s,
+)
+from tuneup.catalog.interconnects import (
+    GB,
+    Interconnect,
+    expected_link,
+    gpu_link_from_inventory,
+    load_interconnects,
 )
 from tuneup.record.schema import COLLECTIVE_KINDS, CollectiveRecord
 
@@ -274,6 +277,17 @@ def test_expected_link_pcie() -> None:
     assert narrow.link is not None and narrow.link.nominal_bytes_per_s == pytest.approx(15.75 * GB)
 
 
+def test_the_inventory_link_facts_name_the_link() -> None:
+    # As tuneup/collect/nvml.py records them for an H100 SXM: the maxima, NVML's raw NVLink version.
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "pcie_max_gen": 5, "pcie_max_width": 16, "nvml_nvlink_version": 6}
+    facts = gpu_link_from_inventory({**gpu, "nvlink_links_active": 18, "pcie_gen": None})
+    assert facts == {"pcie_gen": 5, "pcie_width": 16, "nvml_nvlink_version": 6, "nvlink_links_active": 18}
+    assert expected_link(backend="nccl", gpu_link=facts).link == by_key("nvlink4")
+    # No NVLink active: the PCIe link it recorded.
+    assert expected_link(backend="nccl", gpu_link=gpu_link_from_inventory(gpu)).link == by_key("pcie5_x16")
+    assert gpu_link_from_inventory(None) == {} and gpu_link_from_inventory({"name": "x"}) == {}
+
+
 def test_expected_link_multi_node_needs_to_know_the_network() -> None:
     unknown = expected_link(backend="nccl", device="cuda", num_nodes=2)
     assert unknown.link is None and "did not record" in unknown.reason
@@ -305,7 +319,7 @@ def test_link_verdict_falls_back_to_nominal_and_to_nothing() -> None:
 
 def test_module_imports_without_torch_numpy_or_lightning() -> None:
     code = (
-        "import sys, tuneup.analyze.interconnect as m; m.load_interconnects();"
+        "import sys, tuneup.analyze.interconnect, tuneup.catalog.interconnects as m; m.load_interconnects();"
         "heavy = [n for n in ('torch', 'numpy', 'lightning', 'pytorch_lightning') if n in sys.modules];"
         "assert not heavy, heavy"
     )

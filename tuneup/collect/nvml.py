@@ -374,7 +374,7 @@ def _links(lib: Any, handle: Any, ask: Callable[[str, Callable[[], Any]], Any]) 
 
     The maximum PCIe generation and width, not the current ones: an idle GPU drops its link to Gen1.
     `nvml_nvlink_version` is NVML's raw nvmlNvlinkVersion_t (6 is NVLink 4, on an H100 or H200), kept
-    raw so that the analysis maps it once (tuneup.analyze.interconnect).
+    raw so that the analysis maps it once (tuneup.catalog.interconnects).
     """
     gen = ask("PCIe generation", lambda: lib.nvmlDeviceGetMaxPcieLinkGeneration(handle))
     width = ask("PCIe width", lambda: lib.nvmlDeviceGetMaxPcieLinkWidth(handle))

@@ -17,9 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneup.record.schema import MANIFEST_FILE
-
-ENV_RUN_DIR = "TUNEUP_DIR"
+from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE
 
 
 class BenchError(Exception):

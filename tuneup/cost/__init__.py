@@ -1,37 +1,6 @@
-"""Cost: what a run's hardware costs per hour, and what its GPUs could have done.
+"""Cost: what a run's hardware costs per hour (`pricing`), and the report's money, MFU and energy
+figures (`figures`).
 
-Pure functions over packaged data and a loaded run; no torch or Lightning import (reports are made on
-machines without them).
+Pure functions over a loaded run and the packaged catalogs (tuneup.catalog); no torch or Lightning
+import (reports are made on machines without them).
 """
-
-from tuneup.cost.catalog import (
-    CATALOG_VERSION,
-    AmbiguousInstanceError,
-    CatalogError,
-    GpuSpec,
-    Instance,
-    InstanceCatalog,
-    PriceDates,
-    UnknownInstanceError,
-    load_gpu_specs,
-    load_instances,
-    match_gpu,
-    parse_pci_device_id,
-    peak_tflops_for_precision,
-)
-
-__all__ = [
-    "CATALOG_VERSION",
-    "AmbiguousInstanceError",
-    "CatalogError",
-    "GpuSpec",
-    "Instance",
-    "InstanceCatalog",
-    "PriceDates",
-    "UnknownInstanceError",
-    "load_gpu_specs",
-    "load_instances",
-    "match_gpu",
-    "parse_pci_device_id",
-    "peak_tflops_for_precision",
-]

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuneup.cost.catalog import CATALOG_VERSION, Instance, InstanceCatalog, load_instances
+from tuneup.catalog import CATALOG_VERSION, Instance, InstanceCatalog, load_instances
 
 PRICE_PER = ("node", "gpu")
 ENV_INSTANCE = "TUNEUP_INSTANCE"

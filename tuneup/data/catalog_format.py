@@ -1,6 +1,6 @@
 """The format of the packaged catalogs: their columns in file order, and how an as-of text is dated.
 
-Here, apart from the loader (tuneup.cost.catalog, which reads the packaged files when imported), so that
+Here, apart from the loader (tuneup.catalog, which reads the packaged files when imported), so that
 scripts/build_catalogs.py can write the files from nothing in the format the loader reads.
 """
 

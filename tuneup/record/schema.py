@@ -33,6 +33,10 @@ TELEMETRY_FILE = "telemetry.jsonl"
 EVENTS_FILE = "events.jsonl"
 COLLECTIVES_FILE = "collectives.jsonl"
 
+# The environment variable that names the run directory to write, where the callback is given none
+# (`tuneup bench` sets it for each run).
+ENV_RUN_DIR = "TUNEUP_DIR"
+
 # Collective kinds, named as torch.distributed names the operations.
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
