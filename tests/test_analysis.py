@@ -74,10 +74,10 @@ def test_warmup_rule() -> None:
 def test_warmup_steps_are_left_out_of_throughput(tmp_path: Path) -> None:
     records = [phased(s, forward=93.0 if s < 5 else 3.0) for s in range(50)]  # 5 slow steps, then 10 ms
     report = analyze_run(load_run(write_run(tmp_path / "run", {0: records})))
-    assert report["warmup"]["steps"] == 5 and report["warmup"]["first_steady_step"] == 5
-    assert report["throughput"]["samples_per_s"] == pytest.approx(8 / 0.010)  # 8 samples per 10 ms step
-    assert report["step_time"]["median_ms"] == pytest.approx(10.0)
-    assert report["step_time"]["phases"]["forward"]["share"] == pytest.approx(0.3)
+    assert report.warmup.steps == 5 and report.warmup.first_steady_step == 5
+    assert report.throughput.samples_per_s == pytest.approx(8 / 0.010)  # 8 samples per 10 ms step
+    assert report.step_time.median_ms == pytest.approx(10.0)
+    assert report.step_time.phases["forward"].share == pytest.approx(0.3)
 
 
 def test_straggler_is_found_with_rank_and_phase(tmp_path: Path) -> None:
@@ -87,11 +87,14 @@ def test_straggler_is_found_with_rank_and_phase(tmp_path: Path) -> None:
         for r in range(4)
     }
     report = analyze_run(load_run(write_run(tmp_path / "run", per_rank)))
-    straggler = report["ranks"]["straggler"]
-    assert straggler["rank"] == 2 and straggler["phase"] == "data"
-    assert straggler["excess_ms"] == pytest.approx(20.0)
-    assert straggler["others_wait_ms"] == pytest.approx(20.0)
-    assert any(f["id"] == "straggler" and "Rank 2" in f["title"] for f in report["findings"])
+    straggler = report.ranks.straggler
+    assert straggler is not None and straggler.rank == 2 and straggler.phase == "data"
+    assert straggler.excess_ms == pytest.approx(20.0)
+    assert straggler.others_wait_ms == pytest.approx(20.0)
+    assert any(f.id == "straggler" and "Rank 2" in f.title for f in report.findings)
+    # The spread of the ranks, for readers of many: rank 2 is the slowest only by a hair, as ranks wait.
+    assert report.ranks.median_step_ms is not None and len(report.ranks.per_host) == 1
+    assert report.ranks.per_host[0].ranks == 4
 
 
 def test_equal_ranks_have_no_straggler() -> None:
@@ -106,9 +109,9 @@ def test_equal_ranks_have_no_straggler() -> None:
 def test_data_stalls_and_data_wait_finding(tmp_path: Path) -> None:
     records = [phased(s, data=40.0 if s % 10 == 7 else 2.0) for s in range(60)]
     report = analyze_run(load_run(write_run(tmp_path / "run", {0: records})))
-    dl = report["data_loader"]
-    assert dl["stall_count"] == 6 and dl["worst_stalls"][0]["data_ms"] == 40.0
-    assert {f["id"] for f in report["findings"]} >= {"data_stalls", "data_wait"}
+    dl = report.data_loader
+    assert dl.stall_count == 6 and dl.worst_stalls[0].data_ms == 40.0
+    assert {f.id for f in report.findings} >= {"data_stalls", "data_wait"}
 
 
 def test_gpu_and_host_telemetry_figures(tmp_path: Path) -> None:
@@ -145,14 +148,14 @@ def test_gpu_and_host_telemetry_figures(tmp_path: Path) -> None:
     report = analyze_run(
         load_run(write_run(tmp_path / "run", {0: [phased(s) for s in range(20)]}, {0: samples}))
     )
-    gpu = report["telemetry"]["gpus"][0]
-    assert gpu["util_percent_mean"] == 30.0 and gpu["energy_j"] == pytest.approx(2000.0)
-    assert gpu["throttle_reasons"] == ["hw_slowdown"]  # idle is not a throttle worth reporting
-    host = report["telemetry"]["hosts"][0]
-    assert host["disk_read_bytes_per_s"] == pytest.approx(1000.0)
-    assert host["net_bytes_per_s"]["eth0"]["sent_bytes_per_s"] == pytest.approx(10_000.0)
-    assert report["telemetry"]["processes"][0]["cpu_percent_mean"] == 100.0
-    ids = {f["id"] for f in report["findings"]}
+    gpu = report.telemetry.gpus[0]
+    assert gpu.util_percent_mean == 30.0 and gpu.energy_j == pytest.approx(2000.0)
+    assert gpu.throttle_reasons == ["hw_slowdown"]  # idle is not a throttle worth reporting
+    host = report.telemetry.hosts[0]
+    assert host.disk_read_bytes_per_s == pytest.approx(1000.0)
+    assert host.net_bytes_per_s["eth0"].sent_bytes_per_s == pytest.approx(10_000.0)
+    assert report.telemetry.processes[0].cpu_percent_mean == 100.0
+    ids = {f.id for f in report.findings}
     assert {"low_gpu_util", "gpu_memory_full", "gpu_throttled"} <= ids
 
 
@@ -199,8 +202,9 @@ def test_collectives_far_below_the_gpus_link_are_flagged(tmp_path: Path) -> None
             w.add_step(rec)
         w.close()
     report = analyze_run(load_run(path))
-    link = report["communication"]["link"]
-    assert link["name"].startswith("NVLink4") and link["far_below"] is True
-    assert link["measured_busbw_gbytes_per_s"] == pytest.approx(2 * 0.5 * size / 1e9, rel=0.01)
-    assert {"slow_link", "exposed_communication"} <= {f["id"] for f in report["findings"]}
-    assert report["communication"]["late_rank"] is None  # everyone is slow alike: the link, not a rank
+    assert report.communication is not None
+    link = report.communication.link
+    assert link is not None and link.name.startswith("NVLink4") and link.far_below is True
+    assert link.measured_busbw_gbytes_per_s == pytest.approx(2 * 0.5 * size / 1e9, rel=0.01)
+    assert {"slow_link", "exposed_communication"} <= {f.id for f in report.findings}
+    assert report.communication.late_rank is None  # everyone is slow alike: the link, not a rank

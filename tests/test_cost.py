@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from tuneup.analyze.analysis import analyze_run
+from tuneup.analyze.model import to_json
+from tuneup.catalog import CatalogError, load_instances
 from tuneup.collect.flops import MicroBatchFlopCounter
-from tuneup.cost.catalog import CatalogError, load_instances
 from tuneup.cost.figures import CostOptions
 from tuneup.cost.pricing import PriceChoice, PricingError, choice_from_env, job_price, price_for_run
 from tuneup.record import RankWriter, load_run, write_manifest
@@ -93,7 +94,7 @@ def priced_run(
 
 
 def cost_of(path: Path, options: CostOptions | None = None) -> dict:
-    return analyze_run(load_run(path), options)["cost"]
+    return to_json(analyze_run(load_run(path), options))["cost"]
 
 
 # -- money ---------------------------------------------------------------------------------------------
@@ -184,8 +185,8 @@ def test_the_report_price_replaces_the_recorded_one(tmp_path: Path) -> None:
 def test_a_recorded_price_that_no_longer_resolves_warns_and_leaves_the_run_unpriced(tmp_path: Path) -> None:
     run = priced_run(tmp_path / "run", pricing={"instance": "aws:p9.gone", "source": "callback"})
     report = analyze_run(load_run(run))
-    assert not report["cost"]["priced"]
-    assert any("aws:p9.gone" in w for w in report["warnings"])
+    assert report.cost is not None and not report.cost.priced
+    assert any("aws:p9.gone" in w for w in report.warnings)
 
 
 def test_environment_prices_and_is_checked() -> None:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any
 
 from tuneup._stats import rounded as _r
-from tuneup.analyze.interconnect import (
-    GB,
-    collective_table,
-    expected_link,
-    fit_alpha_beta,
-    link_verdict,
+from tuneup.analyze.interconnect import GB, collective_table, fit_alpha_beta, link_verdict
+from tuneup.analyze.model import (
+    BucketTime,
+    CollectiveFit,
+    Communication,
+    LateRank,
+    LinkCheck,
+    RankComm,
+    SizeTime,
 )
+from tuneup.catalog.interconnects import expected_link, gpu_link_from_inventory
 from tuneup.record.schema import CollectiveRecord, Run, StepRecord
 
 # A rank whose collectives take under this share of the others' median arrives late at them.
@@ -31,28 +34,28 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _late_rank(per_rank: list[dict[str, Any]]) -> dict[str, Any] | None:
-    timed = [r for r in per_rank if r["comm_ms"] is not None]
+def _late_rank(per_rank: list[RankComm]) -> LateRank | None:
+    timed = [(r.rank, r.comm_ms) for r in per_rank if r.comm_ms is not None]
     if len(timed) < 2:
         return None
-    fastest = min(timed, key=lambda r: r["comm_ms"])
-    others = statistics.median(r["comm_ms"] for r in timed if r is not fastest)
-    if others - fastest["comm_ms"] < LATE_ARRIVAL_MIN_MS or fastest["comm_ms"] > LATE_ARRIVAL_RATIO * others:
+    rank, comm_ms = min(timed, key=lambda r: r[1])
+    others = statistics.median(ms for r, ms in timed if r != rank)
+    if others - comm_ms < LATE_ARRIVAL_MIN_MS or comm_ms > LATE_ARRIVAL_RATIO * others:
         return None
-    return {
-        "rank": fastest["rank"],
-        "comm_ms": _r(fastest["comm_ms"]),
-        "others_comm_ms": _r(others),
-        "summary": (
-            f"rank {fastest['rank']} arrives late at the collectives: its collectives take "
-            f"{fastest['comm_ms']:.1f} ms per step against {others:.1f} ms on the other ranks, which wait "
+    return LateRank(
+        rank=rank,
+        comm_ms=_r(comm_ms),
+        others_comm_ms=_r(others),
+        summary=(
+            f"rank {rank} arrives late at the collectives: its collectives take "
+            f"{comm_ms:.1f} ms per step against {others:.1f} ms on the other ranks, which wait "
             "inside them for it. The link is not what is slow; what rank "
-            f"{fastest['rank']} does before each collective is."
+            f"{rank} does before each collective is."
         ),
-    }
+    )
 
 
-def _fits(records: list[CollectiveRecord], world_size: int) -> list[dict[str, Any]]:
+def _fits(records: list[CollectiveRecord], world_size: int) -> list[CollectiveFit]:
     by_kind: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for c in records:
         if c.bytes > 0 and c.duration_ms > 0:
@@ -66,39 +69,37 @@ def _fits(records: list[CollectiveRecord], world_size: int) -> list[dict[str, An
         except ValueError:
             continue
         out.append(
-            {
-                "kind": kind,
-                "alpha_us": _r(fit.alpha_s * 1e6),
-                "beta_ns_per_byte": _r(fit.beta_s_per_byte * 1e9, 6),
-                "busbw_gbytes_per_s": _r(fit.busbw_bytes_per_s / GB if fit.busbw_bytes_per_s else None),
-                "r_squared": _r(fit.r_squared, 4),
-                "points": fit.points,
-                "sizes": fit.sizes,
-                "notes": list(fit.notes),
-            }
+            CollectiveFit(
+                kind=kind,
+                alpha_us=_r(fit.alpha_s * 1e6),
+                beta_ns_per_byte=_r(fit.beta_s_per_byte * 1e9, 6),
+                busbw_gbytes_per_s=_r(fit.busbw_bytes_per_s / GB if fit.busbw_bytes_per_s else None),
+                r_squared=_r(fit.r_squared, 4),
+                points=fit.points,
+                sizes=fit.sizes,
+                notes=list(fit.notes),
+            )
         )
     return out
 
 
-def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> dict[str, Any] | None:
+def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Communication | None:
     """The report's communication section, or None when the run timed no collective."""
     per_rank = []
     for rank, steps in sorted(steady.items()):
         timed = [s for s in steps if s.comm_ms is not None]
         per_rank.append(
-            {
-                "rank": rank,
-                "steps_with_comm": len(timed),
-                "comm_ms": _r(_mean([s.comm_ms for s in timed])),  # type: ignore[misc]
-                "exposed_ms": _r(_mean([s.comm_exposed_ms for s in timed if s.comm_exposed_ms is not None])),
-                "bytes_per_step": _r(_mean([s.comm_bytes for s in timed if s.comm_bytes is not None]), 0),
-                "collectives_per_step": _r(
-                    _mean([s.comm_count for s in timed if s.comm_count is not None]), 1
-                ),
-            }
+            RankComm(
+                rank=rank,
+                steps_with_comm=len(timed),
+                comm_ms=_r(_mean([s.comm_ms for s in timed])),  # type: ignore[misc]
+                exposed_ms=_r(_mean([s.comm_exposed_ms for s in timed if s.comm_exposed_ms is not None])),
+                bytes_per_step=_r(_mean([s.comm_bytes for s in timed if s.comm_bytes is not None]), 0),
+                collectives_per_step=_r(_mean([s.comm_count for s in timed if s.comm_count is not None]), 1),
+            )
         )
     records = [c for rec in run.ranks.values() for c in rec.collectives]
-    if not records and not any(r["steps_with_comm"] for r in per_rank):
+    if not records and not any(r.steps_with_comm for r in per_rank):
         return None
     # A network probe's run has collectives and no training steps: its section is the tables and fits.
     all_timed = [s for steps in steady.values() for s in steps if s.comm_ms is not None]
@@ -123,35 +124,25 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> dict
     backend = comm_env.get("backend")
     on_gpu = bool((run.manifest.gpus or {}).get("gpus"))
     gpu0 = ((run.manifest.gpus or {}).get("gpus") or [{}])[0]
-    # The inventory's names for NVML's link facts -> expected_link's (which speaks of the link's
-    # generation and width; the inventory records the maxima, as an idle link reports Gen1).
-    link_facts = {
-        "nvml_nvlink_version": "nvml_nvlink_version",
-        "nvlink_links_active": "nvlink_links_active",
-        "pcie_max_gen": "pcie_gen",
-        "pcie_max_width": "pcie_width",
-    }
-    gpu_link = {
-        theirs: gpu0[ours]
-        for ours, theirs in link_facts.items()
-        if isinstance(gpu0, dict) and gpu0.get(ours) is not None
-    }
     choice = expected_link(
         backend=str(backend or ("nccl" if on_gpu else "gloo")),
         device="cuda" if on_gpu else "cpu",
         num_nodes=run.manifest.num_nodes,
-        gpu_link=gpu_link or None,
+        gpu_link=gpu_link_from_inventory(gpu0) or None,
     )
     # Bandwidth-bound figure for the verdict: the biggest collective's bus bandwidth.
     biggest = max(
         (row for row in table if row.busbw_gbytes_per_s), key=lambda row: row.size_bytes, default=None
     )
-    link: dict[str, Any] | None = None
+    link: LinkCheck | None = None
     if choice.link is not None:
-        link = {"name": choice.link.name, "reason": choice.reason, "source": choice.link.source}
+        link = LinkCheck(name=choice.link.name, reason=choice.reason, source=choice.link.source)
         if biggest is not None:
             verdict = link_verdict(biggest.busbw_gbytes_per_s * GB, choice.link)  # type: ignore[operator]
-            link.update(
+            link = LinkCheck(
+                name=link.name,
+                reason=link.reason,
+                source=link.source,
                 measured_busbw_gbytes_per_s=_r(biggest.busbw_gbytes_per_s),
                 reference=verdict.reference,
                 reference_gbytes_per_s=_r(
@@ -162,46 +153,46 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> dict
                 summary=verdict.sentence,
             )
     ddp = next((e for rec in run.ranks.values() for e in rec.events if e.get("kind") == "ddp_logging"), None)
-    return {
-        "backend": backend,
-        "world_size": world,
-        "ranks_per_node": comm_env.get("ranks_per_node"),
-        "nccl_version": comm_env.get("nccl_version"),
-        "comm_ms_per_step": _r(comm),
-        "share_of_step": _r(comm / wall if comm is not None and wall else None, 4),
-        "exposed_ms_per_step": _r(exposed),
-        "overlapped_ms_per_step": _r(comm - exposed if comm is not None and exposed is not None else None),
-        "exposed_share_of_step": _r(exposed / wall if exposed is not None and wall else None, 4),
-        "per_rank": per_rank,
-        "per_bucket": [
-            {
-                "bucket": bucket,
-                "kind": kind,
-                "bytes": nbytes,
-                "dtype": dtypes[(bucket, kind, nbytes)],
-                "median_ms": _r(statistics.median(times)),
-                "count": len(times),
-            }
+    return Communication(
+        backend=backend,
+        world_size=world,
+        ranks_per_node=comm_env.get("ranks_per_node"),
+        nccl_version=comm_env.get("nccl_version"),
+        comm_ms_per_step=_r(comm),
+        share_of_step=_r(comm / wall if comm is not None and wall else None, 4),
+        exposed_ms_per_step=_r(exposed),
+        overlapped_ms_per_step=_r(comm - exposed if comm is not None and exposed is not None else None),
+        exposed_share_of_step=_r(exposed / wall if exposed is not None and wall else None, 4),
+        per_rank=per_rank,
+        per_bucket=[
+            BucketTime(
+                bucket=bucket,
+                kind=kind,
+                bytes=nbytes,
+                dtype=dtypes[(bucket, kind, nbytes)],
+                median_ms=_r(statistics.median(times)),
+                count=len(times),
+            )
             for (bucket, kind, nbytes), times in sorted(buckets.items())
         ],
-        "by_size": [
-            {
-                "kind": row.kind,
-                "bytes": row.size_bytes,
-                "count": row.count,
-                "median_us": _r(row.median_time_us, 1),
-                "algbw_gbytes_per_s": _r(row.algbw_gbytes_per_s, 4),
-                "busbw_gbytes_per_s": _r(row.busbw_gbytes_per_s, 4),
-            }
+        by_size=[
+            SizeTime(
+                kind=row.kind,
+                bytes=row.size_bytes,
+                count=row.count,
+                median_us=_r(row.median_time_us, 1),
+                algbw_gbytes_per_s=_r(row.algbw_gbytes_per_s, 4),
+                busbw_gbytes_per_s=_r(row.busbw_gbytes_per_s, 4),
+            )
             for row in table
         ],
-        "fits": _fits(records, world),
-        "link": link,
-        "late_rank": _late_rank(per_rank),
-        "ddp_logging": None
+        fits=_fits(records, world),
+        link=link,
+        late_rank=_late_rank(per_rank),
+        ddp_logging=None
         if ddp is None
         else {
-            f"{k}_ms": _r(ddp[k] / 1e6)  # DDP reports nanoseconds
+            f"{k}_ms": _r(ddp[k] / 1e6)  # type: ignore[misc]  # DDP reports nanoseconds
             for k in (
                 "avg_backward_comm_time",
                 "avg_backward_compute_comm_overlap_time",
@@ -209,4 +200,4 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> dict
             )
             if isinstance(ddp.get(k), (int, float))
         },
-    }
+    )

@@ -11,12 +11,12 @@ others) and MTBF the mean time between interruptions (observed: the run's time o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
-from itertools import pairwise
-from typing import Any
 
 from tuneup._stats import rounded
+from tuneup.analyze.model import Interruptions, Segment
 from tuneup.analyze.steady import steady_steps
 from tuneup.record.schema import Run
 
@@ -55,7 +55,7 @@ def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * save_s * mtbf_s)
 
 
-def _segment(run: Run) -> dict[str, Any]:
+def _segment(run: Run) -> Segment:
     info = run.manifest.raw.get("segment") if isinstance(run.manifest.raw.get("segment"), dict) else {}
     steps = [s for rec in run.ranks.values() for s in rec.steps]
     starts = [rec.info.start_unix for rec in run.ranks.values() if rec.info.start_unix]
@@ -65,79 +65,85 @@ def _segment(run: Run) -> dict[str, Any]:
             for rec in run.ranks.values()
         }
     )
-    return {
-        "index": int(info.get("index") or 0),
-        "reason": info.get("reason", "start"),
-        "restart_count": info.get("restart_count"),
-        "checkpoint": info.get("checkpoint"),
-        "path": str(run.path),
-        "world_size": run.world_size,
-        "first_step": min((s.step for s in steps), default=None),
-        "last_step": max((s.step for s in steps), default=None),
-        "start_unix": _r(min(starts)) if starts else None,
-        "end_unix": _r(max(s.t_end for s in steps)) if steps else None,
-        "status": statuses,
-        "step_ms": _r(_steady_ms(run)),
-    }
+    return Segment(
+        index=int(info.get("index") or 0),
+        reason=info.get("reason", "start"),
+        restart_count=info.get("restart_count"),
+        checkpoint=info.get("checkpoint"),
+        path=str(run.path),
+        world_size=run.world_size,
+        first_step=min((s.step for s in steps), default=None),
+        last_step=max((s.step for s in steps), default=None),
+        start_unix=_r(min(starts)) if starts else None,
+        end_unix=_r(max(s.t_end for s in steps)) if steps else None,
+        status=statuses,
+        step_ms=_r(_steady_ms(run)),
+    )
 
 
-def interruptions_section(segments: list[Run], usd_per_device_hour: float | None = None) -> dict[str, Any]:
+def _after_interruption(before: Segment, after: Segment) -> Segment:
+    """`after` with what the interruption before it cost: the downtime and the steps done again."""
+    gap = (
+        max(0.0, after.start_unix - before.end_unix)
+        if after.start_unix is not None and before.end_unix is not None
+        else None
+    )
+    redone = (
+        max(0, before.last_step + 1 - after.first_step)
+        if before.last_step is not None and after.first_step is not None
+        else None
+    )
+    redo_s = redone * before.step_ms / 1000.0 if redone is not None and before.step_ms else None
+    return dataclasses.replace(after, downtime_before_s=_r(gap), redone_steps=redone, redone_s=_r(redo_s))
+
+
+def interruptions_section(segments: list[Run], usd_per_device_hour: float | None = None) -> Interruptions:
     """The segments, what each interruption cost, and the recommended checkpoint interval."""
     rows = [_segment(run) for run in segments]
-    downtime_s = redone_s = 0.0
-    for before, after in pairwise(rows):
-        gap = (
-            max(0.0, after["start_unix"] - before["end_unix"])
-            if after["start_unix"] is not None and before["end_unix"] is not None
-            else None
-        )
-        redone = (
-            max(0, before["last_step"] + 1 - after["first_step"])
-            if before["last_step"] is not None and after["first_step"] is not None
-            else None
-        )
-        redo_s = redone * before["step_ms"] / 1000.0 if redone is not None and before["step_ms"] else None
-        after.update(downtime_before_s=_r(gap), redone_steps=redone, redone_s=_r(redo_s))
-        downtime_s += gap or 0.0
-        redone_s += redo_s or 0.0
+    for i in range(1, len(rows)):
+        rows[i] = _after_interruption(rows[i - 1], rows[i])
+    downtime_s = sum(r.downtime_before_s or 0.0 for r in rows)
+    redone_s = sum(r.redone_s or 0.0 for r in rows)
     # Every segment after the first began with an interruption; a last one that did not complete is one more.
-    interruptions = len(rows) - 1 + (0 if rows and rows[-1]["status"] == ["completed"] else 1)
-    span = [r for r in rows if r["start_unix"] is not None and r["end_unix"] is not None]
-    run_s = (span[-1]["end_unix"] - span[0]["start_unix"]) if span else None
+    interruptions = len(rows) - 1 + (0 if rows and rows[-1].status == ["completed"] else 1)
+    span = [r for r in rows if r.start_unix is not None and r.end_unix is not None]
+    run_s = (span[-1].end_unix - span[0].start_unix) if span else None  # type: ignore[operator]
     save_s, saves = checkpoint_save_s(segments)
     mtbf_s = run_s / interruptions if run_s and interruptions else None
-    section: dict[str, Any] = {
-        "segments": rows,
-        "interruptions": interruptions,
-        "downtime_s": _r(downtime_s),
-        "redone_s": _r(redone_s),
-        "lost_s": _r(downtime_s + redone_s),
-        "run_s": _r(run_s),
-        "checkpoint_save_s": _r(save_s),
-        "checkpoint_saves_seen": saves,
-        "mtbf_s": _r(mtbf_s),
-        "recommended_checkpoint_interval_s": _r(young_daly_interval_s(save_s, mtbf_s))
-        if save_s and mtbf_s
-        else None,
-        "example_interval_s": _r(young_daly_interval_s(save_s, EXAMPLE_MTBF_S)) if save_s else None,
-        "example_mtbf_s": EXAMPLE_MTBF_S,
-        "rule": "Young/Daly: interval = sqrt(2 x checkpoint save time x mean time between interruptions)",
-    }
+    usd_all = usd_lost = None
     if usd_per_device_hour is not None:
         # Devices were paid while they ran, whatever became of the work; lost work is paid twice.
-        section["usd_all_segments"] = _r(
+        usd_all = _r(
             sum(
-                (r["end_unix"] - r["start_unix"]) / 3600.0 * usd_per_device_hour * r["world_size"]
+                (r.end_unix - r.start_unix) / 3600.0 * usd_per_device_hour * r.world_size  # type: ignore[operator]
                 for r in span
             )
         )
-        section["usd_lost"] = _r(
+        usd_lost = _r(
             sum(
-                ((r.get("downtime_before_s") or 0.0) + (r.get("redone_s") or 0.0))
+                ((r.downtime_before_s or 0.0) + (r.redone_s or 0.0))
                 / 3600.0
                 * usd_per_device_hour
-                * r["world_size"]
+                * r.world_size
                 for r in rows
             )
         )
-    return section
+    return Interruptions(
+        segments=rows,
+        interruptions=interruptions,
+        downtime_s=_r(downtime_s),
+        redone_s=_r(redone_s),
+        lost_s=_r(downtime_s + redone_s),
+        run_s=_r(run_s),
+        checkpoint_save_s=_r(save_s),
+        checkpoint_saves_seen=saves,
+        mtbf_s=_r(mtbf_s),
+        recommended_checkpoint_interval_s=_r(young_daly_interval_s(save_s, mtbf_s))
+        if save_s and mtbf_s
+        else None,
+        example_interval_s=_r(young_daly_interval_s(save_s, EXAMPLE_MTBF_S)) if save_s else None,
+        example_mtbf_s=EXAMPLE_MTBF_S,
+        rule="Young/Daly: interval = sqrt(2 x checkpoint save time x mean time between interruptions)",
+        usd_all_segments=usd_all,
+        usd_lost=usd_lost,
+    )

@@ -7,11 +7,23 @@ input for a zero.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from tuneup.cost.catalog import CatalogError, load_gpu_specs, match_gpu, peak_tflops_for_precision
+from tuneup.analyze.model import (
+    Compute,
+    Cost,
+    Energy,
+    Money,
+    Price,
+    PricedInstance,
+    Projection,
+    RunInfo,
+    Telemetry,
+    Throughput,
+)
+from tuneup.catalog import CATALOG_VERSION, CatalogError, load_gpu_specs, match_gpu, peak_tflops_for_precision
 from tuneup.cost.pricing import JobPrice, PriceChoice, price_for_run
 from tuneup.record.schema import Run
 
@@ -105,13 +117,11 @@ def steps_per_epoch(run: Run) -> tuple[float | None, str]:
 
 
 def _projections(
-    report: dict[str, Any], run: Run, inputs: CostInputs, epoch_steps: float | None
-) -> list[dict[str, Any]]:
+    throughput: Throughput, last_step: int | None, run: Run, inputs: CostInputs, epoch_steps: float | None
+) -> list[Projection]:
     """Time and money to reach the run's end (max_steps or max_epochs) or the user's targets."""
-    tp = report.get("throughput") or {}
-    steps_per_s = tp.get("steps_per_s")
-    last = report["run"].get("last_step")
-    done = (last + 1) if isinstance(last, int) else 0
+    steps_per_s = throughput.steps_per_s
+    done = (last_step + 1) if isinstance(last_step, int) else 0
     t = run.manifest.trainer
     targets: list[tuple[str, float | None]] = []
     max_steps, max_epochs = t.get("max_steps"), t.get("max_epochs")
@@ -122,7 +132,9 @@ def _projections(
     if inputs.target_steps:
         targets.append((f"{inputs.target_steps:,} steps", float(inputs.target_steps)))
     if inputs.target_tokens:
-        tokens_per_step = tp["tokens_per_s"] / steps_per_s if tp.get("tokens_per_s") and steps_per_s else None
+        tokens_per_step = (
+            throughput.tokens_per_s / steps_per_s if throughput.tokens_per_s and steps_per_s else None
+        )
         targets.append(
             (
                 f"{inputs.target_tokens:,.0f} tokens",
@@ -135,47 +147,49 @@ def _projections(
         remaining = max(0.0, total_steps - done) if total_steps is not None else None
         time_s = remaining / steps_per_s if remaining is not None and steps_per_s else None
         out.append(
-            {
-                "target": label,
-                "total_steps": _r(total_steps),
-                "steps_remaining": _r(remaining),
-                "time_s": _r(time_s),
-                "usd": _r(_usd(time_s, price.usd_per_hour if price else None)),
-                "usd_spot": _r(_usd(time_s, price.spot_usd_per_hour if price else None)),
-            }
+            Projection(
+                target=label,
+                total_steps=_r(total_steps),
+                steps_remaining=_r(remaining),
+                time_s=_r(time_s),
+                usd=_r(_usd(time_s, price.usd_per_hour if price else None)),
+                usd_spot=_r(_usd(time_s, price.spot_usd_per_hour if price else None)),
+            )
         )
     return out
 
 
-def _money(report: dict[str, Any], usd_per_hour: float | None, epoch_steps: float | None) -> dict[str, Any]:
-    tp = report.get("throughput") or {}
-    steps_per_s = tp.get("steps_per_s")
+def _money(
+    throughput: Throughput, duration_s: float | None, usd_per_hour: float | None, epoch_steps: float | None
+) -> Money:
+    steps_per_s = throughput.steps_per_s
     epoch_s = epoch_steps / steps_per_s if epoch_steps and steps_per_s else None
-    tokens_per_usd = _per_usd(tp.get("tokens_per_s"), usd_per_hour)
-    return {
-        "usd_per_hour": _r(usd_per_hour),
-        "samples_per_usd": _r(_per_usd(tp.get("samples_per_s"), usd_per_hour)),
-        "tokens_per_usd": _r(tokens_per_usd),
-        "usd_per_million_tokens": _r(1e6 / tokens_per_usd) if tokens_per_usd else None,
-        "usd_per_epoch": _r(_usd(epoch_s, usd_per_hour)),
-        "usd_so_far": _r(_usd(report["run"].get("duration_s"), usd_per_hour)),
-    }
+    tokens_per_usd = _per_usd(throughput.tokens_per_s, usd_per_hour)
+    return Money(
+        usd_per_hour=_r(usd_per_hour),
+        samples_per_usd=_r(_per_usd(throughput.samples_per_s, usd_per_hour)),
+        tokens_per_usd=_r(tokens_per_usd),
+        usd_per_million_tokens=_r(1e6 / tokens_per_usd) if tokens_per_usd else None,
+        usd_per_epoch=_r(_usd(epoch_s, usd_per_hour)),
+        usd_so_far=_r(_usd(duration_s, usd_per_hour)),
+    )
 
 
-def _flops(report: dict[str, Any], run: Run) -> dict[str, Any]:
+def compute_figures(throughput: Throughput, run: Run) -> Compute:
     """Achieved FLOP/s from the FLOPs of one micro-batch (counted, or the user's per sample), and MFU."""
-    tp = report.get("throughput") or {}
-    steps_per_s = tp.get("steps_per_s")
+    steps_per_s = throughput.steps_per_s
+    samples_per_s = throughput.samples_per_s
     accumulate = max(1, int(run.manifest.trainer.get("accumulate_grad_batches") or 1))
     user = (run.manifest.raw.get("flops") or {}).get("flops_per_sample")
-    out: dict[str, Any] = {"source": None, "flops_per_step": None, "achieved_tflops_per_s": None}
+    source: str | None = None
+    flops_per_step = flops_per_sample = None
     total_flops_per_s: float | None = None
     if isinstance(user, (int, float)) and user > 0:
-        out.update(source="user (flops_per_sample)", flops_per_sample=_r(float(user)))
-        if tp.get("samples_per_s"):
-            total_flops_per_s = float(user) * tp["samples_per_s"]
+        source, flops_per_sample = "user (flops_per_sample)", _r(float(user))
+        if samples_per_s:
+            total_flops_per_s = float(user) * samples_per_s
             if steps_per_s:
-                out["flops_per_step"] = _r(total_flops_per_s / steps_per_s)
+                flops_per_step = _r(total_flops_per_s / steps_per_s)
     else:
         counted = {}
         for rank, rec in run.ranks.items():
@@ -190,38 +204,39 @@ def _flops(report: dict[str, Any], run: Run) -> dict[str, Any]:
             per_step = mean_flops * accumulate * run.manifest.world_size
             samples = [e.get("samples") for e in counted.values()]
             known = all(isinstance(n, int) and n > 0 for n in samples)
-            out.update(
-                source="counted (FlopCounterMode, one micro-batch per rank)",
-                flops_per_step=_r(per_step),
-                flops_per_sample=_r(sum(e["flops"] for e in counted.values()) / sum(samples))
-                if known
-                else None,
-            )
+            source = "counted (FlopCounterMode, one micro-batch per rank)"
+            flops_per_step = _r(per_step)
+            flops_per_sample = _r(sum(e["flops"] for e in counted.values()) / sum(samples)) if known else None
             if steps_per_s:
                 total_flops_per_s = per_step * steps_per_s
-    if out["source"] is None:
-        out["note"] = (
-            "FLOPs were not counted: TuneupCallback(count_flops=True) or flops_per_sample= records them"
+    if source is None:
+        return Compute(
+            source=None,
+            flops_per_step=None,
+            achieved_tflops_per_s=None,
+            note="FLOPs were not counted: TuneupCallback(count_flops=True) or flops_per_sample= records them",
         )
-        return out
     devices = max(1, int(run.manifest.world_size))
-    out["achieved_tflops_per_s"] = _r(total_flops_per_s / 1e12) if total_flops_per_s else None
     per_device = total_flops_per_s / devices if total_flops_per_s else None
-    out["achieved_tflops_per_s_per_device"] = _r(per_device / 1e12) if per_device else None
+    counted_figures = {
+        "source": source,
+        "flops_per_step": flops_per_step,
+        "flops_per_sample": flops_per_sample,
+        "achieved_tflops_per_s": _r(total_flops_per_s / 1e12) if total_flops_per_s else None,
+        "achieved_tflops_per_s_per_device": _r(per_device / 1e12) if per_device else None,
+    }
     gpus = (run.manifest.gpus or {}).get("gpus") or []
     accelerator = str(run.manifest.trainer.get("accelerator") or "")
     if "CPU" in accelerator or (not gpus and "CUDA" not in accelerator):
-        out["mfu"] = None
-        out["note"] = (
-            "MFU is not defined on CPU (no dense tensor peak to compare with); achieved FLOP/s is shown"
+        return Compute(
+            **counted_figures,
+            note="MFU is not defined on CPU (no dense tensor peak to compare with); achieved FLOP/s is shown",
         )
-        return out
     if not gpus:
-        out["mfu"] = None
-        out["note"] = (
-            "the GPUs were not identified (NVML unavailable): their peak is unknown, MFU is left out"
+        return Compute(
+            **counted_figures,
+            note="the GPUs were not identified (NVML unavailable): their peak is unknown, MFU is left out",
         )
-        return out
     gpu = gpus[0] if isinstance(gpus[0], dict) else {}
     try:
         spec = match_gpu(gpu.get("name"), gpu.get("pci_device_id"), load_gpu_specs())
@@ -229,84 +244,107 @@ def _flops(report: dict[str, Any], run: Run) -> dict[str, Any]:
         spec = None
     precision = str(run.manifest.trainer.get("precision") or "32-true")
     if spec is None:
-        out.update(
-            mfu=None,
-            gpu=gpu.get("name"),
-            note=f"no peak for {gpu.get('name')!r} in the GPU catalog: MFU left out",
+        name = gpu.get("name")
+        return Compute(
+            **counted_figures,
+            gpu=None if name is None else str(name),
+            note=f"no peak for {name!r} in the GPU catalog: MFU left out",
         )
-        return out
     try:
         peak_tflops, column = peak_tflops_for_precision(spec, precision)
     except ValueError:
         peak_tflops, column = None, precision
-    out.update(gpu=spec.name, peak_precision=column, peak_tflops_per_device=peak_tflops, gpu_doubt=spec.doubt)
+    peak = {
+        "gpu": spec.name,
+        "peak_precision": column,
+        "peak_tflops_per_device": peak_tflops,
+        "gpu_doubt": spec.doubt,
+    }
     if peak_tflops is None:
-        out.update(
-            mfu=None,
+        return Compute(
+            **counted_figures,
+            **peak,
             note=f"{spec.name} has no dense {column} peak: MFU is not defined at precision {precision}",
         )
-    elif per_device is not None:
-        out["mfu"] = _r(per_device / (peak_tflops * 1e12), 4)
-        if column == "fp32":
-            out["note"] = "peak taken at fp32; if TF32 matmuls are on, the tf32 peak is the fairer one"
-    return out
+    return Compute(
+        **counted_figures,
+        **peak,
+        mfu=_r(per_device / (peak_tflops * 1e12), 4) if per_device is not None else None,
+        note="peak taken at fp32; if TF32 matmuls are on, the tf32 peak is the fairer one"
+        if column == "fp32" and per_device is not None
+        else None,
+    )
 
 
-def _energy(report: dict[str, Any], inputs: CostInputs) -> dict[str, Any]:
+def energy_figures(telemetry: Telemetry, throughput: Throughput, inputs: CostInputs) -> Energy:
     """Energy of the GPUs over the span they were measured (the total-energy counter's rise, or the power
     samples integrated where a GPU has no counter); per step and per token from the mean power."""
-    measured = [
-        g
-        for g in (report.get("telemetry") or {}).get("gpus") or []
-        if isinstance(g.get("energy_j"), (int, float)) and (g.get("energy_span_s") or 0) > 0
-    ]
+    measured = [g for g in telemetry.gpus if g.energy_j is not None and (g.energy_span_s or 0) > 0]
     if not measured:
-        return {"source": None, "note": "no GPU energy or power was recorded (no NVML on this machine)"}
-    energy_j = sum(g["energy_j"] for g in measured)
+        return Energy(source=None, note="no GPU energy or power was recorded (no NVML on this machine)")
+    energy_j = sum(g.energy_j for g in measured)  # type: ignore[misc]
     # Each GPU's mean power over its own span, summed: the job's draw while all of them ran.
-    mean_power_w = sum(g["energy_j"] / g["energy_span_s"] for g in measured)
-    span_s = max(g["energy_span_s"] for g in measured)
-    tp = report.get("throughput") or {}
-    per_step_j = mean_power_w / tp["steps_per_s"] if tp.get("steps_per_s") else None
-    per_mtok_kwh = mean_power_w / tp["tokens_per_s"] * 1e6 / J_PER_KWH if tp.get("tokens_per_s") else None
+    mean_power_w = sum(g.energy_j / g.energy_span_s for g in measured)  # type: ignore[operator]
+    span_s = max(g.energy_span_s for g in measured)  # type: ignore[type-var]
+    per_step_j = mean_power_w / throughput.steps_per_s if throughput.steps_per_s else None
+    per_mtok_kwh = (
+        mean_power_w / throughput.tokens_per_s * 1e6 / J_PER_KWH if throughput.tokens_per_s else None
+    )
     run_kwh = energy_j / J_PER_KWH
     price = inputs.electricity_usd_per_kwh
-    return {
-        "source": " and ".join(sorted({str(g.get("energy_source")) for g in measured})),
-        "gpus": len(measured),
-        "span_s": _r(span_s),
-        "energy_kwh": _r(run_kwh),
-        "mean_power_w": _r(mean_power_w),
-        "j_per_step": _r(per_step_j),
-        "kwh_per_million_tokens": _r(per_mtok_kwh),
-        "electricity_usd_per_kwh": price,
-        "electricity_usd": _r(run_kwh * price) if price is not None else None,
-        "electricity_usd_per_million_tokens": _r(per_mtok_kwh * price)
+    return Energy(
+        source=" and ".join(sorted({str(g.energy_source) for g in measured})),
+        gpus=len(measured),
+        span_s=_r(span_s),
+        energy_kwh=_r(run_kwh),
+        mean_power_w=_r(mean_power_w),
+        j_per_step=_r(per_step_j),
+        kwh_per_million_tokens=_r(per_mtok_kwh),
+        electricity_usd_per_kwh=price,
+        electricity_usd=_r(run_kwh * price) if price is not None else None,
+        electricity_usd_per_million_tokens=_r(per_mtok_kwh * price)
         if price is not None and per_mtok_kwh
         else None,
-        "note": "GPUs only: host CPUs, memory, networking and cooling are not in it",
-    }
+        note="GPUs only: host CPUs, memory, networking and cooling are not in it",
+    )
 
 
-def cost_section(report: dict[str, Any], run: Run, inputs: CostInputs) -> dict[str, Any]:
+def price_figures(price: JobPrice) -> Price:
+    instance = price.instance
+    packaged = instance is not None and instance.origin == "packaged"
+    return Price(
+        usd_per_hour=price.usd_per_hour,
+        spot_usd_per_hour=price.spot_usd_per_hour,
+        basis=price.basis,
+        source=price.source,
+        devices=price.devices,
+        nodes=price.nodes,
+        instance=None if instance is None else PricedInstance(**dataclasses.asdict(instance)),
+        spot=price.spot,
+        doubts=list(price.doubts),
+        catalog_version=CATALOG_VERSION if packaged else None,
+    )
+
+
+def cost_section(
+    run: Run, inputs: CostInputs, info: RunInfo, throughput: Throughput, telemetry: Telemetry
+) -> Cost:
+    """What the job costs and what it buys, from the run's typed figures and the price it was given."""
     epoch_steps, epoch_basis = steps_per_epoch(run)
     price = inputs.price
-    tp = report.get("throughput") or {}
-    section: dict[str, Any] = {
-        "priced": price is not None,
-        "price": price.as_dict() if price is not None else None,
-        "not_priced_reason": None if price is not None else inputs.not_priced_reason,
-        "steps_per_epoch": _r(epoch_steps),
-        "steps_per_epoch_basis": epoch_basis,
-        "epoch_s": _r(epoch_steps / tp["steps_per_s"]) if epoch_steps and tp.get("steps_per_s") else None,
-    }
-    section["figures"] = _money(report, price.usd_per_hour if price else None, epoch_steps)
-    section["figures_spot"] = (
-        _money(report, price.spot_usd_per_hour, epoch_steps)
+    steps_per_s = throughput.steps_per_s
+    return Cost(
+        priced=price is not None,
+        price=price_figures(price) if price is not None else None,
+        not_priced_reason=None if price is not None else inputs.not_priced_reason,
+        steps_per_epoch=_r(epoch_steps),
+        steps_per_epoch_basis=epoch_basis,
+        epoch_s=_r(epoch_steps / steps_per_s) if epoch_steps and steps_per_s else None,
+        figures=_money(throughput, info.duration_s, price.usd_per_hour if price else None, epoch_steps),
+        figures_spot=_money(throughput, info.duration_s, price.spot_usd_per_hour, epoch_steps)
         if price is not None and price.spot_usd_per_hour is not None and not price.spot
-        else None
+        else None,
+        projections=_projections(throughput, info.last_step, run, inputs, epoch_steps),
+        flops=compute_figures(throughput, run),
+        energy=energy_figures(telemetry, throughput, inputs),
     )
-    section["projections"] = _projections(report, run, inputs, epoch_steps)
-    section["flops"] = _flops(report, run)
-    section["energy"] = _energy(report, inputs)
-    return section

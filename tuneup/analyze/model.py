@@ -1,0 +1,722 @@
+"""The typed analysis of a run: `RunAnalysis`, one frozen dataclass per section.
+
+This is the contract above the run record. The report's sections, `tuneup show`, `tuneup compare`, the
+trainer's loggers and the advice read these fields and never compute a headline figure again; the key
+names of report.json are the field names here (and in report.schema.json), nowhere else.
+
+Units are in the names (`_ms`, `_s`, `_bytes`, `_per_s`, `usd_`). A share is a fraction of 1. A figure
+that the run did not record is None, never 0. `to_json` turns an analysis into report.json's document and
+`from_json` reads one back (a report written by this version, or a test's hand-made one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+REPORT_SCHEMA_VERSION = 1
+
+# Which statistic each headline figure is, said once, for the README, the report and the terminal alike.
+THROUGHPUT_STATISTIC = "steady state: samples over the time of the steps after warm-up, summed over ranks"
+STEP_TIME_STATISTIC = "steady state, every rank's steps after warm-up"
+
+
+# -- run ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    cpu_model: str | None
+    cpu_count: int | None
+    ram_total_bytes: int | None
+    gpu_names: list[str]
+    gpus_per_node: int
+    driver_version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What ran, where, and for how long."""
+
+    run_id: str
+    path: str
+    world_size: int
+    num_nodes: int
+    ranks_present: list[int]
+    missing_ranks: list[int]
+    hosts: dict[str, str]  # rank -> host
+    namespace: str | None
+    strategy: str | None
+    accelerator: str | None
+    precision: str | None
+    accumulate_grad_batches: int
+    batch_size_per_rank: int | None
+    global_batch_size: int | None
+    max_steps: int | None
+    max_epochs: int | None
+    model_class: str | None
+    parameters: int | None
+    trainable_parameters: int | None
+    hardware: Hardware
+    start_unix: float | None
+    end_unix: float | None
+    duration_s: float | None
+    steps_recorded: int
+    last_step: int | None
+    status: dict[str, str]  # rank -> how its record ended
+    data_timing: list[str]
+    timing: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Warmup:
+    steps: int
+    per_rank: dict[str, int]
+    share: float  # of the recorded steps
+    first_steady_step: int | None
+    rule: str
+
+
+# -- throughput and step time ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankThroughput:
+    rank: int
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    steps_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Steady-state rates: the samples (tokens, steps) of the steps after warm-up over their time. This is
+    what the job delivers per second it is paid for, so it is mean-based; see THROUGHPUT_STATISTIC."""
+
+    samples_per_s: float | None  # summed over ranks
+    tokens_per_s: float | None  # summed over ranks
+    steps_per_s: float | None  # the slowest rank's: ranks step together
+    per_rank: list[RankThroughput]
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseTime:
+    ms: float  # mean per step
+    share: float  # of the mean step
+
+
+@dataclass(frozen=True, slots=True)
+class Quantiles:
+    min: float
+    p5: float
+    p25: float
+    p50: float
+    p75: float
+    p95: float
+    max: float
+
+
+@dataclass(frozen=True, slots=True)
+class RankStepTime:
+    rank: int
+    steps: int
+    median_ms: float
+    p95_ms: float
+    phase_median_ms: dict[str, float]
+    phase_mean_ms: dict[str, float]
+    distribution_ms: Quantiles
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    median_ms: float | None
+    mean_ms: float | None  # the step the throughput is made of
+    p95_ms: float | None
+    phases: dict[str, PhaseTime]  # data, forward, backward, optimizer, other: means over all ranks
+    per_rank: list[RankStepTime]
+
+
+# -- time series -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankSeries:
+    step: list[int]
+    t_s: list[float]
+    step_time_ms: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputSeries:
+    step: list[int]
+    samples_per_s: list[float]
+    tokens_per_s: list[float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class LossSeries:
+    rank: int | None
+    step: list[int]
+    values: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class TimeSeries:
+    source: str  # "steps" (every step kept) or "windows" (window means)
+    per_rank: dict[str, RankSeries]
+    throughput: ThroughputSeries
+    loss: LossSeries
+
+
+# -- ranks -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerInfo:
+    rank: int
+    phase: str
+    excess_ms: float | None
+    phase_ms: float | None
+    others_phase_ms: float | None
+    others_wait_ms: float | None
+    step_ms: float | None
+    share_of_step: float | None
+    summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class RankStep:
+    """One rank's median steady step, for the slowest and fastest lists."""
+
+    rank: int
+    host: str | None
+    median_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class HostRanks:
+    """The ranks of one host: how their median steps spread."""
+
+    host: str
+    ranks: int
+    median_ms: float  # the median of its ranks' median steps
+    slowest_rank: int
+    slowest_median_ms: float
+    fastest_median_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ranks:
+    straggler: StragglerInfo | None
+    # The spread of the ranks' median steady steps, the k slowest and fastest, and one row per host: what a
+    # reader of 1,024 ranks needs instead of 1,024 rows.
+    median_step_ms: Quantiles | None = None
+    slowest: list[RankStep] = field(default_factory=list)
+    fastest: list[RankStep] = field(default_factory=list)
+    per_host: list[HostRanks] = field(default_factory=list)
+
+
+# -- data loading ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    rank: int
+    step: int
+    data_ms: float
+    wall_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class DataLoading:
+    median_data_ms: float | None
+    stall_threshold_ms: float | None
+    stall_count: int
+    stall_total_ms: float | None
+    worst_stalls: list[Stall]
+    num_workers: int | None
+    pin_memory: bool | None
+    persistent_workers: bool | None
+    batch_size: int | None
+
+
+# -- telemetry ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    t_s: list[float]  # seconds since the run's start
+    values: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSeries:
+    util_percent: Series
+    power_w: Series
+    mem_used_bytes: Series
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTelemetry:
+    host: str | None
+    index: int
+    bus_id: str | None
+    lost: bool
+    util_percent_mean: float | None
+    util_percent_max: float | None
+    mem_used_bytes_max: int | None
+    mem_total_bytes: int | None
+    power_w_mean: float | None
+    power_w_max: float | None
+    energy_j: float | None
+    energy_span_s: float | None
+    energy_source: str | None
+    temp_c_max: float | None
+    sm_clock_mhz_mean: float | None
+    throttle_reasons: list[str]
+    series: GpuSeries
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSeries:
+    cpu_percent: Series
+    rss_bytes: Series
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessTelemetry:
+    rank: int
+    cpu_percent_mean: float | None  # 100 = one core
+    rss_bytes_max: int | None
+    series: ProcessSeries
+
+
+@dataclass(frozen=True, slots=True)
+class NetRate:
+    sent_bytes_per_s: float | None
+    recv_bytes_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostSeries:
+    cpu_percent: Series
+    mem_used_bytes: Series
+    net_recv_bytes_per_s: Series
+    net_sent_bytes_per_s: Series
+
+
+@dataclass(frozen=True, slots=True)
+class HostTelemetry:
+    host: str | None
+    cpu_percent_mean: float | None
+    mem_used_bytes_max: int | None
+    mem_total_bytes: int | None
+    disk_read_bytes_per_s: float | None
+    disk_write_bytes_per_s: float | None
+    net_bytes_per_s: dict[str, NetRate]  # interface -> rates
+    series: HostSeries
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    samples: int
+    gpus: list[GpuTelemetry]
+    processes: list[ProcessTelemetry]
+    hosts: list[HostTelemetry]
+    # The CUDA caching allocator's peak over the steady steps, the largest of any rank (step records, GPU
+    # only): what a bigger batch must fit beside.
+    gpu_allocated_peak_bytes: int | None = None
+
+
+# -- environment -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """The manifest's own records, as captured (versions, host, git, seeds, allow-listed variables)."""
+
+    versions: dict[str, Any]
+    host: dict[str, Any] | None
+    git: dict[str, Any] | None
+    seeds: dict[str, Any] | None
+    env: dict[str, Any]
+    gpus: dict[str, Any] | None
+    trainer: dict[str, Any]
+    dataloader: dict[str, Any]
+
+
+# -- communication -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankComm:
+    rank: int
+    steps_with_comm: int
+    comm_ms: float | None
+    exposed_ms: float | None
+    bytes_per_step: float | None
+    collectives_per_step: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BucketTime:
+    bucket: int
+    kind: str
+    bytes: int
+    dtype: str | None
+    median_ms: float | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class SizeTime:
+    kind: str
+    bytes: int
+    count: int
+    median_us: float | None
+    algbw_gbytes_per_s: float | None
+    busbw_gbytes_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveFit:
+    kind: str
+    alpha_us: float | None
+    beta_ns_per_byte: float | None
+    busbw_gbytes_per_s: float | None
+    r_squared: float | None
+    points: int
+    sizes: int
+    notes: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkCheck:
+    """The link the collectives should have run over, and how the measured bandwidth compares."""
+
+    name: str
+    reason: str
+    source: str | None
+    measured_busbw_gbytes_per_s: float | None = None
+    reference: str | None = None
+    reference_gbytes_per_s: float | None = None
+    ratio: float | None = None
+    far_below: bool | None = None
+    summary: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LateRank:
+    rank: int
+    comm_ms: float | None
+    others_comm_ms: float | None
+    summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class Communication:
+    backend: str | None
+    world_size: int
+    ranks_per_node: int | None
+    nccl_version: str | None
+    comm_ms_per_step: float | None
+    share_of_step: float | None
+    exposed_ms_per_step: float | None
+    overlapped_ms_per_step: float | None
+    exposed_share_of_step: float | None
+    per_rank: list[RankComm]
+    per_bucket: list[BucketTime]
+    by_size: list[SizeTime]
+    fits: list[CollectiveFit]
+    link: LinkCheck | None
+    late_rank: LateRank | None
+    ddp_logging: dict[str, float] | None
+
+
+# -- cost --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PricedInstance:
+    """The catalog row a run was priced with (tuneup.catalog's Instance, as the report shows it)."""
+
+    key: str
+    provider: str
+    instance: str
+    region: str | None
+    gpu: str
+    gpu_count: int
+    gpu_mem_gib: float | None
+    vcpus: int | None
+    mem_gib: float | None
+    on_demand_usd_per_hour: float
+    spot_usd_per_hour: float | None
+    intra_node_link: str
+    inter_node_gbps: str | None
+    source: str
+    as_of: str
+    as_of_date: str | None
+    doubt: str | None
+    host_included: bool = True
+    origin: str = "packaged"
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    usd_per_hour: float
+    spot_usd_per_hour: float | None
+    basis: str  # one sentence: where the figure comes from
+    source: str  # callback, environment, command line
+    devices: int
+    nodes: int
+    instance: PricedInstance | None
+    spot: bool
+    doubts: list[str]
+    catalog_version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Money:
+    usd_per_hour: float | None
+    samples_per_usd: float | None
+    tokens_per_usd: float | None
+    usd_per_million_tokens: float | None
+    usd_per_epoch: float | None
+    usd_so_far: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    target: str
+    total_steps: float | None
+    steps_remaining: float | None
+    time_s: float | None
+    usd: float | None
+    usd_spot: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """Achieved FLOP/s and MFU; `note` says why a figure is missing."""
+
+    source: str | None
+    flops_per_step: float | None
+    achieved_tflops_per_s: float | None
+    flops_per_sample: float | None = None
+    achieved_tflops_per_s_per_device: float | None = None
+    mfu: float | None = None
+    note: str | None = None
+    gpu: str | None = None
+    peak_precision: str | None = None
+    peak_tflops_per_device: float | None = None
+    gpu_doubt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Energy:
+    source: str | None
+    note: str
+    gpus: int | None = None
+    span_s: float | None = None
+    energy_kwh: float | None = None
+    mean_power_w: float | None = None
+    j_per_step: float | None = None
+    kwh_per_million_tokens: float | None = None
+    electricity_usd_per_kwh: float | None = None
+    electricity_usd: float | None = None
+    electricity_usd_per_million_tokens: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    priced: bool
+    price: Price | None
+    not_priced_reason: str | None
+    steps_per_epoch: float | None
+    steps_per_epoch_basis: str
+    epoch_s: float | None
+    figures: Money
+    figures_spot: Money | None  # the same job at the spot price, where the catalog has one
+    projections: list[Projection]
+    flops: Compute
+    energy: Energy
+
+
+# -- interruptions -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    index: int
+    reason: str
+    restart_count: int | None
+    checkpoint: str | None
+    path: str
+    world_size: int
+    first_step: int | None
+    last_step: int | None
+    start_unix: float | None
+    end_unix: float | None
+    status: list[str]
+    step_ms: float | None
+    downtime_before_s: float | None = None
+    redone_steps: int | None = None
+    redone_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Interruptions:
+    segments: list[Segment]
+    interruptions: int
+    downtime_s: float | None
+    redone_s: float | None
+    lost_s: float | None
+    run_s: float | None
+    checkpoint_save_s: float | None
+    checkpoint_saves_seen: int
+    mtbf_s: float | None
+    recommended_checkpoint_interval_s: float | None
+    example_interval_s: float | None
+    example_mtbf_s: float
+    rule: str
+    usd_all_segments: float | None = None
+    usd_lost: float | None = None
+
+
+# -- findings and the whole ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What was measured, in plain words, with the evidence (findings.py says when each fires)."""
+
+    id: str
+    severity: str  # "warning" (costs time now) or "info"
+    title: str
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunAnalysis:
+    report_schema_version: int
+    generated_unix: float
+    tuneup_version: str
+    run: RunInfo
+    warmup: Warmup
+    throughput: Throughput
+    step_time: StepTime
+    timeseries: TimeSeries
+    ranks: Ranks
+    data_loader: DataLoading
+    telemetry: Telemetry
+    environment: Environment
+    communication: Communication | None
+    cost: Cost | None  # None only in version-1 reports written before cost figures existed
+    findings: list[Finding]
+    warnings: list[str]
+    interruptions: Interruptions | None = None
+
+
+# -- JSON --------------------------------------------------------------------------------------------
+
+
+def to_json(value: Any) -> Any:
+    """A dataclass tree as plain JSON values: dataclasses become objects in field order, and a non-finite
+    float becomes null (report.json is strict JSON)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class AnalysisFormatError(ValueError):
+    """A report document that does not fit RunAnalysis: names the field path."""
+
+
+T = TypeVar("T")
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    return _HINTS[cls]
+
+
+def _read(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise AnalysisFormatError(f"{where}: null where a value is required")
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _read(arg, value, where)
+            except AnalysisFormatError as exc:
+                errors.append(str(exc))
+        raise AnalysisFormatError(errors[0])
+    if tp is Any:
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise AnalysisFormatError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_read(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise AnalysisFormatError(f"{where}: expected an object, got {type(value).__name__}")
+        _, item = typing.get_args(tp)
+        return {str(k): _read(item, v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _read_dataclass(tp, value, where)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value) if isinstance(value, float) else value
+        raise AnalysisFormatError(f"{where}: expected a number, got {value!r:.40}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise AnalysisFormatError(f"{where}: expected an integer, got {value!r:.40}")
+    if tp in (str, bool):
+        if type(value) is tp:
+            return value
+        raise AnalysisFormatError(f"{where}: expected {tp.__name__}, got {value!r:.40}")
+    raise AnalysisFormatError(f"{where}: cannot read type {tp!r}")
+
+
+def _read_dataclass(cls: type[T], value: Any, where: str) -> T:
+    if not isinstance(value, dict):
+        raise AnalysisFormatError(f"{where}: expected an object, got {type(value).__name__}")
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in value:
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                continue
+            if type(None) in typing.get_args(hints[f.name]):
+                kwargs[f.name] = None
+                continue
+            raise AnalysisFormatError(f"{where}.{f.name}: missing")
+        kwargs[f.name] = _read(hints[f.name], value[f.name], f"{where}.{f.name}")
+    return cls(**kwargs)
+
+
+def from_json(document: Any) -> RunAnalysis:
+    """report.json's document as a RunAnalysis. Raises AnalysisFormatError naming the first field that
+    does not fit. Keys this version does not know are ignored (a newer minor writer's additions)."""
+    return _read_dataclass(RunAnalysis, document, "report")

@@ -1,0 +1,101 @@
+"""The headline figures, one definition each: steady-state throughput and step time.
+
+Throughput is the samples (tokens, steps) of the steady steps over their time: what the job delivers per
+second it is paid for, so it is mean-based, and a periodic stall counts. Step time gives the mean (the step
+the throughput is made of) beside the median and p95 (robust to stalls). The report, `tuneup show`,
+`tuneup compare` and the trainer's loggers all take their figures from here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+from tuneup._stats import quantile
+from tuneup._stats import rounded as _r
+from tuneup.analyze.model import PhaseTime, Quantiles, RankStepTime, RankThroughput, StepTime, Throughput
+from tuneup.analyze.ranks import RankProfile
+from tuneup.record.schema import PHASES, StepRecord
+
+
+def rate_per_s(count: float | None, wall_ms: float) -> float | None:
+    """`count` per second over `wall_ms` of steps; None where the count is unknown or no time passed."""
+    if count is None or wall_ms <= 0:
+        return None
+    return count / (wall_ms / 1000.0)
+
+
+def steps_rates(steps: Sequence[StepRecord]) -> RankThroughput:
+    """One rank's samples/s, tokens/s and steps/s over `steps` (rank -1: not yet known)."""
+    wall_ms = sum(s.wall_ms for s in steps)
+    samples = [s.samples for s in steps]
+    tokens = [s.tokens for s in steps]
+    return RankThroughput(
+        rank=-1,
+        samples_per_s=_r(rate_per_s(sum(samples), wall_ms)) if None not in samples else None,  # type: ignore[arg-type]
+        tokens_per_s=_r(rate_per_s(sum(tokens), wall_ms)) if None not in tokens else None,  # type: ignore[arg-type]
+        steps_per_s=_r(rate_per_s(len(steps), wall_ms)),
+    )
+
+
+def _total(values: Iterable[float | None]) -> float | None:
+    listed = list(values)
+    return _r(sum(listed)) if listed and None not in listed else None  # type: ignore[arg-type]
+
+
+def throughput(steady: dict[int, list[StepRecord]]) -> Throughput:
+    per_rank = []
+    for rank, steps in sorted(steady.items()):
+        rates = steps_rates(steps)
+        per_rank.append(RankThroughput(rank, rates.samples_per_s, rates.tokens_per_s, rates.steps_per_s))
+    steps_per_s = [r.steps_per_s for r in per_rank if r.steps_per_s is not None]
+    return Throughput(
+        samples_per_s=_total(r.samples_per_s for r in per_rank),
+        tokens_per_s=_total(r.tokens_per_s for r in per_rank),
+        # Ranks step together: the job's rate is its slowest rank's.
+        steps_per_s=_r(min(steps_per_s)) if steps_per_s else None,
+        per_rank=per_rank,
+    )
+
+
+def quantiles(values: Iterable[float]) -> Quantiles:
+    ordered = sorted(values)
+    return Quantiles(
+        *(round(quantile(ordered, q), 3) for q in (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0))  # type: ignore[arg-type]
+    )
+
+
+def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) -> StepTime:
+    all_steps = [s for steps in steady.values() for s in steps]
+    if not all_steps:
+        return StepTime(median_ms=None, mean_ms=None, p95_ms=None, phases={}, per_rank=[])
+    mean_wall = statistics.fmean(s.wall_ms for s in all_steps)
+    phases = {}
+    for p in PHASES:
+        ms = statistics.fmean(getattr(s, p) for s in all_steps)
+        phases[p.removesuffix("_ms")] = PhaseTime(
+            ms=_r(ms),  # type: ignore[arg-type]
+            share=_r(ms / mean_wall if mean_wall else 0.0, 4),  # type: ignore[arg-type]
+        )
+    walls = [s.wall_ms for s in all_steps]
+    return StepTime(
+        median_ms=_r(statistics.median(walls)),
+        mean_ms=_r(mean_wall),
+        p95_ms=quantiles(walls).p95,
+        phases=phases,
+        per_rank=[
+            RankStepTime(
+                rank=p.rank,
+                steps=p.steps,
+                median_ms=_r(p.median_step_ms),  # type: ignore[arg-type]
+                p95_ms=_r(p.p95_step_ms),  # type: ignore[arg-type]
+                phase_median_ms={k.removesuffix("_ms"): _r(v) for k, v in p.phase_median_ms.items()},  # type: ignore[misc]
+                phase_mean_ms={
+                    k.removesuffix("_ms"): _r(statistics.fmean(getattr(s, k) for s in steady[p.rank]))  # type: ignore[misc]
+                    for k in PHASES
+                },
+                distribution_ms=quantiles(s.wall_ms for s in steady[p.rank]),
+            )
+            for p in profiles
+        ],
+    )
