@@ -14,21 +14,24 @@ from typing import Any
 import pytest
 
 from tuneup.analyze.analysis import analyze_run
+from tuneup.analyze.model import AnalysisFormatError, RunAnalysis, from_json
 from tuneup.record import RankWriter, load_run, write_manifest
-from tuneup.report import plots
-from tuneup.report.artifacts import SECTIONS, PlotFile
-from tuneup.report.plots import render_plots
+from tuneup.report import plotting as plots
+from tuneup.report import sections
+from tuneup.report.artifacts import PlotFile
+from tuneup.report.sections import SECTIONS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SECTION_IDS = {sid for sid, _ in SECTIONS}
+# In page order: a section's figures follow the sections before it.
 EXPECTED_SECTIONS = {
+    "step_breakdown.png": "step-time",
     "throughput.png": "timeseries",
     "step_time.png": "timeseries",
     "loss.png": "timeseries",
-    "step_breakdown.png": "step-time",
-    "rank_step_time.png": "ranks",
     "gpu_utilization.png": "hardware",
     "host_utilization.png": "hardware",
+    "rank_step_time.png": "ranks",
     "communication.png": "communication",
 }
 # The fixtures time no collectives; tests/test_report.py checks the communication plot of a real run.
@@ -72,8 +75,8 @@ def make_gpus(count: int, points: int, hosts: tuple[str, ...] = ("vm",)) -> list
                 "lost": False,
                 "util_percent_mean": round(sum(util) / points, 1),
                 "util_percent_max": max(util),
-                "mem_used_bytes_max": max(mem),
-                "mem_total_bytes": 85899345920.0,
+                "mem_used_bytes_max": int(max(mem)),
+                "mem_total_bytes": 85899345920,
                 "power_w_mean": round(sum(power) / points, 1),
                 "power_w_max": max(power),
                 "energy_j": 1000.0,
@@ -198,7 +201,7 @@ def make_report(
                 {
                     "rank": r,
                     "cpu_percent_mean": 100.0,
-                    "rss_bytes_max": 9e8,
+                    "rss_bytes_max": 900_000_000,
                     "series": {
                         "cpu_percent": _series(
                             proc_t, [100.0 / (1 + r % 2) + 3 * math.sin(k) for k in range(telemetry_points)]
@@ -214,8 +217,8 @@ def make_report(
                 {
                     "host": host,
                     "cpu_percent_mean": 99.6,
-                    "mem_used_bytes_max": 1.4e9,
-                    "mem_total_bytes": 2.5e10,
+                    "mem_used_bytes_max": 1_400_000_000,
+                    "mem_total_bytes": 25_000_000_000,
                     "net_bytes_per_s": {"eth0": {"sent_bytes_per_s": 1.0, "recv_bytes_per_s": 1.0}},
                     "series": {
                         "cpu_percent": _series(host_t, [99.0] * len(host_t)),
@@ -235,6 +238,67 @@ def make_report(
         "warnings": [],
     }
     return report
+
+
+def _defaults() -> dict[str, Any]:
+    """What a report holds besides the parts these tests draw from: every section, empty."""
+    return {
+        "report_schema_version": 1,
+        "generated_unix": 1_700_000_000.0,
+        "tuneup_version": "test",
+        "run": {
+            "run_id": "run",
+            "path": "/runs/run",
+            "world_size": 1,
+            "num_nodes": 1,
+            "ranks_present": [],
+            "missing_ranks": [],
+            "hosts": {},
+            "accumulate_grad_batches": 1,
+            "hardware": {"gpu_names": [], "gpus_per_node": 0},
+            "steps_recorded": 0,
+            "status": {},
+            "data_timing": [],
+            "timing": [],
+        },
+        "warmup": {"steps": 0, "per_rank": {}, "share": 0.0, "first_steady_step": None, "rule": ""},
+        "throughput": {"samples_per_s": None, "tokens_per_s": None, "steps_per_s": None, "per_rank": []},
+        "step_time": {"median_ms": None, "mean_ms": None, "p95_ms": None, "phases": {}, "per_rank": []},
+        "timeseries": {
+            "source": "steps",
+            "per_rank": {},
+            "throughput": {"step": [], "samples_per_s": [], "tokens_per_s": []},
+            "loss": {"rank": None, "step": [], "values": []},
+        },
+        "ranks": {"straggler": None},
+        "data_loader": {"stall_count": 0, "worst_stalls": []},
+        "telemetry": {"samples": 0, "gpus": [], "processes": [], "hosts": []},
+        "environment": {"versions": {}, "env": {}, "trainer": {}, "dataloader": {}},
+        "communication": None,
+        "cost": None,
+        "findings": [],
+        "warnings": [],
+    }
+
+
+def _complete(report: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    out = dict(defaults)
+    for key, value in report.items():
+        default = defaults.get(key)
+        fill = isinstance(value, dict) and isinstance(default, dict) and default
+        out[key] = _complete(value, default) if fill else value
+    return out
+
+
+def analysis(report: dict[str, Any] | RunAnalysis) -> RunAnalysis:
+    """The typed analysis of a hand-made report: the parts a test leaves out are there, empty."""
+    if isinstance(report, RunAnalysis):
+        return report
+    return from_json(_complete(report, _defaults()))
+
+
+def render_plots(report: dict[str, Any] | RunAnalysis, out_dir: Path) -> list[PlotFile]:
+    return sections.render_plots(analysis(report), out_dir)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -298,7 +362,7 @@ def demo_caption(demo_render: tuple[list[PlotFile], Path], name: str) -> str:
     return next(f.caption for f in demo_render[0] if f.name == name)
 
 
-def draw(name: str, report: dict[str, Any], render: bool = False) -> Any:
+def draw(name: str, report: dict[str, Any] | RunAnalysis, render: bool = False) -> Any:
     """One figure's `_Drawn` (or None) without writing it: for tests that only read its words.
 
     `render` also lays out and rasterizes it, which is where text is parsed.
@@ -306,9 +370,9 @@ def draw(name: str, report: dict[str, Any], render: bool = False) -> Any:
     import matplotlib
     import matplotlib.style
 
-    plot = next(p for p in plots._PLOTS if p.name == name)
-    with matplotlib.rc_context(), matplotlib.style.context(["default", plots._STYLE]):
-        drawn = plot.draw(report)
+    plot = next(p for m in sections.SECTION_MODULES for p in m.PLOTS if p.name == name)
+    with matplotlib.rc_context(), matplotlib.style.context(["default", plots.STYLE]):
+        drawn = plot.draw(analysis(report))
         if drawn is not None and render:
             drawn.figure.canvas.draw()
     return drawn
@@ -437,26 +501,29 @@ def _single_point(r: dict[str, Any]) -> None:
 
 
 def _all_none(r: dict[str, Any]) -> None:
+    # The typed analysis holds numbers in its series: a value that is no figure is NaN there (None only
+    # where the type allows it, as in tokens/s).
+    nan = float("nan")
     for series in r["timeseries"]["per_rank"].values():
-        series["step_time_ms"] = [None] * len(series["step_time_ms"])
+        series["step_time_ms"] = [nan] * len(series["step_time_ms"])
     tp = r["timeseries"]["throughput"]
-    tp["samples_per_s"] = [None] * len(tp["step"])
+    tp["samples_per_s"] = [nan] * len(tp["step"])
     tp["tokens_per_s"] = [None] * len(tp["step"])
-    r["timeseries"]["loss"]["values"] = [None] * len(r["timeseries"]["loss"]["step"])
+    r["timeseries"]["loss"]["values"] = [nan] * len(r["timeseries"]["loss"]["step"])
     for entry in r["step_time"]["per_rank"]:
-        entry["phase_mean_ms"] = dict.fromkeys(entry["phase_mean_ms"])
-        entry["distribution_ms"] = dict.fromkeys(entry["distribution_ms"])
+        entry["phase_mean_ms"] = dict.fromkeys(entry["phase_mean_ms"], nan)
+        entry["distribution_ms"] = dict.fromkeys(entry["distribution_ms"], nan)
     for group in ("gpus", "processes", "hosts"):
         for entry in r["telemetry"][group]:
             for s in entry["series"].values():
-                s["values"] = [None] * len(s["values"])
+                s["values"] = [nan] * len(s["values"])
 
 
 def _not_finite(r: dict[str, Any]) -> None:
     nan = float("nan")
     r["timeseries"]["loss"]["values"] = [nan, float("inf"), nan]
     r["timeseries"]["loss"]["step"] = [0, 1, 2]
-    r["warmup"]["first_steady_step"] = nan
+    r["warmup"]["first_steady_step"] = None  # typed: a step number or None, never NaN
     for entry in r["step_time"]["per_rank"]:
         entry["distribution_ms"]["p50"] = nan
 
@@ -484,7 +551,6 @@ def _empty_report(r: dict[str, Any]) -> None:
         (_single_point, {"step_breakdown.png", "rank_step_time.png"}),
         (_all_none, set()),
         (_not_finite, ALL_BUT_COMM - {"loss.png", "rank_step_time.png"}),
-        (_wrong_types, set()),
         (_empty_report, set()),
     ],
 )
@@ -498,6 +564,15 @@ def test_degenerate_input_skips_instead_of_raising(
     assert plot_warnings(caplog) == []
 
 
+def test_wrong_types_are_refused_where_the_report_is_read() -> None:
+    # The figures draw from the typed analysis: a report with wrong types never reaches them, and reading
+    # it names the field instead of drawing a broken figure.
+    report = make_report(gpus=1, steps=30, telemetry_points=10)
+    _wrong_types(report)
+    with pytest.raises(AnalysisFormatError, match=r"report\.\w+"):
+        analysis(report)
+
+
 def test_eight_ranks_of_a_thousand_points_render(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     report = make_report(ranks=8, steps=1000, gpus=8, telemetry_points=1000, hosts=("node-a",), straggler=5)
     files = render_plots(report, tmp_path)
@@ -507,13 +582,186 @@ def test_eight_ranks_of_a_thousand_points_render(tmp_path: Path, caplog: pytest.
 
 def test_many_ranks_get_a_colour_bar_instead_of_a_legend(demo_render: tuple[list[PlotFile], Path]) -> None:
     report = make_report(ranks=plots.MAX_LEGEND_ENTRIES + 4, steps=50, telemetry_points=10)
-    for name in ("step_time.png", "host_utilization.png"):
+    for name in ("host_utilization.png",):
         drawn = draw(name, report, render=True)
         assert "colour bar" in drawn.caption
         assert not [label for label in legend_labels(drawn.figure) if label.startswith("rank")]
         assert "colour bar" not in demo_caption(demo_render, name)
         few = draw(name, make_report(steps=50, telemetry_points=10))
         assert {"rank 0", "rank 1"} <= set(legend_labels(few.figure))
+
+
+def test_many_ranks_draw_the_spread_of_step_times_not_a_line_each(
+    demo_render: tuple[list[PlotFile], Path],
+) -> None:
+    report = make_report(ranks=plots.MAX_LEGEND_ENTRIES + 4, steps=50, telemetry_points=2, straggler=3)
+    drawn = draw("step_time.png", report, render=True)
+    assert "median rank" in drawn.caption and "5th to 95th percentile" in drawn.caption
+    assert "colour bar" not in drawn.caption
+    labels = legend_labels(drawn.figure)
+    assert "median rank" in labels and "p5 to p95 of the ranks" in labels
+    # The straggler keeps a line of its own; no other rank gets one, in the plot or the legend.
+    assert [label for label in labels if label.startswith("rank")] == ["rank 3 (straggler)"]
+    assert len(drawn.figure.axes[0].get_lines()) == 2
+    few = demo_caption(demo_render, "step_time.png")
+    assert "median rank" not in few and "each of the 2 ranks" in few
+
+
+def _tick_labels_overlap(fig: Any, labels: list[Any]) -> bool:
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in labels if t.get_text()]
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+@pytest.mark.parametrize(
+    ("ranks", "hosts", "expected"),
+    [
+        (8, 1, [f"rank {r}" for r in range(8)]),
+        # Beyond 32 ranks, one bar per host (the host's name alone: every host has 8 ranks).
+        (64, 8, [f"node-{h}" for h in range(8)]),
+        # Beyond 32 hosts, five ranks show the spread.
+        (1024, 128, ["fastest", "p5", "median", "p95", "slowest"]),
+    ],
+)
+def test_step_breakdown_stays_readable_at_any_rank_count(ranks: int, hosts: int, expected: list[str]) -> None:
+    names = tuple(f"node-{h}" for h in range(hosts))
+    report = make_report(ranks=ranks, steps=6, telemetry_points=2, hosts=names, straggler=ranks - 3)
+    # Ranks run on their hosts in blocks (8 per host), as a launcher places them.
+    report["run"]["hosts"] = {str(r): names[r * hosts // ranks] for r in range(ranks)}
+    drawn = draw("step_breakdown.png", report, render=True)
+    ax = drawn.figure.axes[0]
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(ticks) == len(expected)
+    assert [t.split(":")[0].split(" (")[0] for t in ticks] == expected, ticks
+    assert not _tick_labels_overlap(drawn.figure, ax.get_yticklabels())
+    # The straggler is named wherever its bar is.
+    straggler = ranks - 3
+    if ranks <= 32:
+        assert f"rank {straggler} (straggler)" in ticks
+    elif hosts <= 32:
+        assert any(f"straggler: rank {straggler}" in t for t in ticks)
+    assert f"{ranks:,}" in drawn.caption or ranks <= 32
+
+
+# ------------------------------------------------------------------------------------------------
+# 1,024 ranks on 128 hosts: a figure per rank or host becomes a heatmap or a band, and nothing overprints.
+
+
+@pytest.fixture(scope="module")
+def large_report() -> dict[str, Any]:
+    """1,024 ranks on 128 hosts of 8 GPUs, placed in blocks as a launcher does; rank 517 is the straggler."""
+    names = tuple(f"node-{h:03d}" for h in range(128))
+    report = make_report(ranks=1024, steps=24, gpus=1024, telemetry_points=6, hosts=names, straggler=517)
+    report["run"]["hosts"] = {str(r): names[r // 8] for r in range(1024)}
+    return report
+
+
+def make_communication(ranks: int, late: int) -> dict[str, Any]:
+    """`communication` as analyze_run writes it: rank `late` spends the least time in collectives."""
+    return {
+        "backend": "nccl",
+        "world_size": ranks,
+        "ranks_per_node": 8,
+        "comm_ms_per_step": 30.0,
+        "share_of_step": 0.2,
+        "exposed_ms_per_step": 10.0,
+        "overlapped_ms_per_step": 20.0,
+        "exposed_share_of_step": 0.07,
+        "per_rank": [
+            {
+                "rank": r,
+                "steps_with_comm": 20,
+                "comm_ms": 10.0 if r == late else 30.0 + r % 5,
+                "exposed_ms": 5.0 if r == late else 10.0,
+                "bytes_per_step": 5e8,
+                "collectives_per_step": 14.0,
+            }
+            for r in range(ranks)
+        ],
+        "per_bucket": [
+            {
+                "bucket": b,
+                "kind": "all_reduce",
+                "bytes": 26_214_400,
+                "dtype": "bfloat16",
+                "median_ms": 2.0 + b / 10,
+                "count": 20,
+            }
+            for b in range(20)
+        ],
+        "by_size": [],
+        "fits": [],
+        "link": None,
+        "late_rank": None,
+        "ddp_logging": None,
+    }
+
+
+def test_rank_step_time_becomes_a_heatmap_beyond_32_ranks(large_report: dict[str, Any]) -> None:
+    report = copy.deepcopy(large_report)
+    # One step far slower than the rest must not take the whole colour range (limits at p1 and p99).
+    report["timeseries"]["per_rank"]["100"]["step_time_ms"][12] = 30_000.0
+    drawn = draw("rank_step_time.png", report, render=True)
+    ax, colour_bar = drawn.figure.axes[:2]
+    (image,) = ax.get_images()
+    assert image.get_array().shape[0] == 1024  # a row per rank
+    assert image.get_clim()[1] < 1000
+    assert colour_bar.get_ylabel() == "step time (ms)"
+    assert "rank 517 is the straggler" in drawn.title
+    assert any(t.get_text() == "rank 517: straggler" for t in ax.texts)
+    # Hosts label the rank axis sparsely; no label runs into another.
+    labels = [t for t in ax.get_yticklabels() if t.get_text()]
+    assert 2 <= len(labels) <= 16 and labels[0].get_text() == "node-000 · 0"
+    assert not _tick_labels_overlap(drawn.figure, labels)
+    assert not _tick_labels_overlap(drawn.figure, ax.get_xticklabels())
+    assert "1,024 ranks" in drawn.caption and "128 hosts" in drawn.caption
+    # Up to 32 ranks a box per rank, as before.
+    boxes = draw("rank_step_time.png", make_report(ranks=32, steps=30))
+    assert not boxes.figure.axes[0].get_images()
+    assert boxes.title == "Step time distribution per rank"
+
+
+def test_per_host_figures_draw_a_band_beyond_16_hosts(large_report: dict[str, Any]) -> None:
+    gpu = draw("gpu_utilization.png", large_report, render=True)
+    labels = legend_labels(gpu.figure)
+    assert labels[:2] == ["all GPUs: median", "all GPUs: p5 to p95"]
+    assert labels[2].startswith("least busy: node-")
+    # The median, the least busy GPU and, on the memory panel, the capacity: never a line per GPU.
+    assert all(len(ax.get_lines()) <= 3 for ax in gpu.figure.axes)
+    assert "1,024 GPUs on 128 hosts" in gpu.caption and "5th to 95th percentile" in gpu.caption
+    host = draw("host_utilization.png", large_report, render=True)
+    labels = legend_labels(host.figure)
+    assert "all ranks: median" in labels and "rank 517 (straggler)" in labels
+    assert "hosts receive: median" in labels and "hosts send: median" in labels
+    assert not [label for label in labels if label.startswith("node-")]
+    assert all(len(ax.get_lines()) <= 2 for ax in host.figure.axes)
+    assert "1,024 ranks" in host.caption and "128 hosts" in host.caption
+    # A few hosts keep a line each.
+    few = draw("host_utilization.png", make_report(steps=30, telemetry_points=10, hosts=("a", "b")))
+    assert {"a receive", "b send"} <= set(legend_labels(few.figure))
+
+
+def test_communication_figure_reads_at_any_rank_count(large_report: dict[str, Any]) -> None:
+    report = {**large_report, "communication": make_communication(1024, late=517)}
+    drawn = draw("communication.png", report, render=True)
+    left, right = drawn.figure.axes[:2]
+    assert not [t for t in left.get_yticklabels() if t.get_text().startswith("rank")]
+    assert any(t.get_text() == "rank 517: least time" for t in left.texts)
+    for ax in (left, right):
+        assert not _tick_labels_overlap(drawn.figure, ax.get_xticklabels())
+    assert "1,024 ranks" in drawn.caption
+    two_ranks = {**make_report(), "communication": make_communication(2, late=1)}
+    few = draw("communication.png", two_ranks, render=True)
+    assert [t.get_text() for t in few.figure.axes[0].get_yticklabels()] == ["rank 0", "rank 1"]
+
+
+def test_every_figure_of_1024_ranks_on_128_hosts_renders(
+    large_report: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    report = {**large_report, "communication": make_communication(1024, late=517)}
+    files = render_plots(report, tmp_path)
+    check_plot_files(files, tmp_path, set(EXPECTED_SECTIONS))
+    assert plot_warnings(caplog) == []
 
 
 def test_dollar_signs_in_names_render_literally(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -571,10 +819,10 @@ def test_a_plot_that_fails_to_draw_costs_only_itself(
     def broken(report: dict[str, Any]) -> None:
         raise RuntimeError("boom")
 
-    patched = tuple(
-        plots._Plot(p.name, p.section, broken) if p.name == "loss.png" else p for p in plots._PLOTS
-    )
-    monkeypatch.setattr(plots, "_PLOTS", patched)
+    from tuneup.report.sections import timeseries
+
+    patched = tuple(plots.Plot(p.name, broken) if p.name == "loss.png" else p for p in timeseries.PLOTS)
+    monkeypatch.setattr(timeseries, "PLOTS", patched)
     files = render_plots({"timeseries": make_report(steps=30)["timeseries"]}, tmp_path)
     assert {f.name for f in files} == {"throughput.png", "step_time.png"}
     assert any("loss.png" in w and "boom" in w for w in plot_warnings(caplog))
@@ -592,14 +840,15 @@ def test_callers_matplotlib_settings_are_left_alone(tmp_path: Path) -> None:
 
 
 def test_importing_the_module_does_not_import_matplotlib() -> None:
-    code = "import sys, tuneup.report.plots; print('matplotlib' in sys.modules)"
+    code = "import sys, tuneup.report.sections; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_sections_are_report_sections() -> None:
-    assert {p.section for p in plots._PLOTS} <= SECTION_IDS
-    assert {p.name: p.section for p in plots._PLOTS} == EXPECTED_SECTIONS
+    listed = {p.name: m.ID for m in sections.SECTION_MODULES for p in m.PLOTS}
+    assert set(listed.values()) <= SECTION_IDS
+    assert listed == EXPECTED_SECTIONS
 
 
 def _write_recorded_run(path: Path) -> Path:
@@ -681,7 +930,7 @@ def test_a_recorded_run_through_analyze_run_renders_every_plot(
 ) -> None:
     # Guards the contract with analysis.py: the fixtures above only help if they match what it emits.
     report = analyze_run(load_run(_write_recorded_run(tmp_path / "run")))
-    assert len(report["telemetry"]["gpus"]) == 2
+    assert len(report.telemetry.gpus) == 2
     original = copy.deepcopy(report)
     out = tmp_path / "plots"
     files = render_plots(report, out)

@@ -7,9 +7,10 @@ up here as a dash where a figure should be, not as a silently passing test.
 from __future__ import annotations
 
 import base64
-import copy
+import dataclasses
 import re
 import struct
+import typing
 import zlib
 from html.parser import HTMLParser
 from pathlib import Path
@@ -17,13 +18,18 @@ from typing import Any
 
 import pytest
 
+from tuneup.analyze import model
 from tuneup.analyze.analysis import analyze_run
+from tuneup.analyze.model import AnalysisFormatError, RunAnalysis, from_json, to_json
 from tuneup.record import RankWriter, load_run, write_manifest
-from tuneup.report import content
 from tuneup.report import format as fmt
-from tuneup.report.artifacts import SECTIONS, PlotFile
+from tuneup.report.artifacts import PlotFile
 from tuneup.report.html import render_html
 from tuneup.report.markdown import _md, render_markdown
+from tuneup.report.sections import SECTIONS
+from tuneup.report.sections import communication as communication_section
+from tuneup.report.sections import cost as cost_section
+from tuneup.report.sections import environment as environment_section
 
 SECTION_IDS = [sid for sid, _ in SECTIONS]
 SECTION_TITLES = [title for _, title in SECTIONS]
@@ -297,13 +303,22 @@ def _plant(value: Any, payload: str) -> Any:
     return value
 
 
-def _nones(value: Any) -> Any:
-    """Every scalar in the report replaced by None, containers kept."""
+def _nones(value: Any, *, empty: bool = False) -> Any:
+    """Every figure the analysis may lack (an Optional field) set to None, containers kept (or emptied)."""
     if isinstance(value, list):
-        return [_nones(v) for v in value]
+        return [] if empty else [_nones(v, empty=empty) for v in value]
     if isinstance(value, dict):
-        return {k: _nones(v) for k, v in value.items()}
-    return None
+        return {} if empty else {k: _nones(v, empty=empty) for k, v in value.items()}
+    if not dataclasses.is_dataclass(value):
+        return value
+    hints = typing.get_type_hints(type(value), vars(model))
+    changes = {}
+    for f in dataclasses.fields(value):
+        if type(None) in typing.get_args(hints[f.name]):
+            changes[f.name] = None
+        else:
+            changes[f.name] = _nones(getattr(value, f.name), empty=empty)
+    return dataclasses.replace(value, **changes)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -335,10 +350,13 @@ def test_html_shows_the_figures_a_reader_looks_for(
 ) -> None:
     parsed = parse(render_html(reports["demo"], plots))
     summary = parsed.text["summary"]
-    samples = reports["demo"]["throughput"]["samples_per_s"]
+    samples = reports["demo"].throughput.samples_per_s
     assert fmt.number(samples) in summary and "Samples/s" in summary
     assert "the first step of 40 recorded is left out as warm-up" in summary
-    assert fmt.ms(reports["demo"]["step_time"]["median_ms"]) in summary
+    # Throughput is mean-based: the step beside it is the mean step, the median is labelled as such.
+    step_time = reports["demo"].step_time
+    assert "Mean step" in summary and fmt.ms(step_time.mean_ms) in summary
+    assert f"median {fmt.ms(step_time.median_ms)}" in summary and "steady-state mean" in summary
     run = parsed.text["run"]
     for expected in (
         "TinyLM",
@@ -350,6 +368,7 @@ def test_html_shows_the_figures_a_reader_looks_for(
     ):
         assert expected in run, expected
     assert "All ranks" in parsed.text["throughput"]
+    assert "steady-state mean" in parsed.text["throughput"]
     assert "whole step" in parsed.text["step-time"]
     assert "No GPU telemetry: the run had no NVML-visible GPU." in parsed.text["hardware"]
     assert "8.00 GiB" in parsed.text["hardware"]  # peak RSS of the last sample
@@ -370,7 +389,8 @@ def test_html_gpu_table_names_the_gpus(reports: dict[str, dict[str, Any]], plots
 def test_straggler_is_named_with_rank_and_phase(
     reports: dict[str, dict[str, Any]], plots: list[PlotFile]
 ) -> None:
-    assert reports["straggler"]["ranks"]["straggler"]["rank"] == 1
+    straggler = reports["straggler"].ranks.straggler
+    assert straggler is not None and straggler.rank == 1
     ranks = parse(render_html(reports["straggler"], plots)).text["ranks"]
     assert "Straggler: rank 1, in forward" in ranks
     md = md_section(render_markdown(reports["straggler"], plots), "Ranks side by side")
@@ -425,9 +445,9 @@ def _page_order(plots: list[PlotFile]) -> list[PlotFile]:
 
 def test_markdown_puts_findings_first(reports: dict[str, dict[str, Any]], plots: list[PlotFile]) -> None:
     report = reports["straggler"]
-    assert report["findings"], "the straggler run should produce findings"
+    assert report.findings, "the straggler run should produce findings"
     summary = md_section(render_markdown(report, plots), "Summary and findings")
-    first_finding = summary.index(report["findings"][0]["title"])
+    first_finding = summary.index(report.findings[0].title)
     assert first_finding < summary.index("| Samples/s")
     assert summary.lstrip().startswith("- ⚠️")
 
@@ -451,9 +471,9 @@ def test_hostile_strings_are_escaped_everywhere(
     name: str, reports: dict[str, dict[str, Any]], plots: list[PlotFile]
 ) -> None:
     payload = HOSTILE + "|x\ny<b>"
-    report = _plant(copy.deepcopy(reports[name]), payload)
-    report["warnings"] = ["disk full" + payload]
-    report["communication"] = {"backend" + payload: "nccl" + payload}
+    planted = _plant(to_json(reports[name]), payload)
+    planted["warnings"] = ["disk full" + payload]
+    report = from_json(planted)
     hostile_plots = [
         PlotFile(p.name, p.path, p.title + payload, p.section, p.caption + payload) for p in plots
     ]
@@ -484,7 +504,7 @@ def test_hostile_strings_are_escaped_everywhere(
 def test_none_values_render_as_dashes(
     name: str, reports: dict[str, dict[str, Any]], plots: list[PlotFile]
 ) -> None:
-    report = _nones(copy.deepcopy(reports[name]))
+    report = _nones(reports[name])
     page = render_html(report, plots)
     md = render_markdown(report, plots)
     for out in (page, md):
@@ -496,31 +516,36 @@ def test_none_values_render_as_dashes(
     assert re.search(r"Model\s*—", parsed.text["run"])
 
 
-def test_empty_report_still_renders_every_section() -> None:
-    for report in ({}, {"run": None, "telemetry": [], "findings": "oops"}):
-        parsed = parse(render_html(report, []))
-        assert parsed.sections == SECTION_IDS
-        assert md_headings(render_markdown(report, [])) == SECTION_TITLES
+def test_empty_report_still_renders_every_section(reports: dict[str, RunAnalysis]) -> None:
+    # An analysis with every optional figure missing and every list and mapping empty.
+    report = _nones(reports["gpu"], empty=True)
+    parsed = parse(render_html(report, []))
+    assert parsed.sections == SECTION_IDS
+    assert md_headings(render_markdown(report, [])) == SECTION_TITLES
+    # A document that is not a report is refused with the field that does not fit, not half-rendered.
+    for document in ({}, {**to_json(report), "run": None}, {**to_json(report), "findings": "oops"}):
+        with pytest.raises(AnalysisFormatError, match=r"report\.(run|findings|report_schema_version)"):
+            from_json(document)
 
 
 def test_communication_and_cost_placeholders(
     reports: dict[str, dict[str, Any]], plots: list[PlotFile]
 ) -> None:
     report = reports["demo"]
-    assert report["communication"] is None and report["cost"]["priced"] is False
+    assert report.communication is None and report.cost is not None and report.cost.priced is False
     parsed = parse(render_html(report, plots))
     md = render_markdown(report, plots)
-    assert parsed.text["communication"].strip().endswith(content.NOT_MEASURED["communication"])
-    assert content.NOT_MEASURED["communication"] in md_section(md, "Communication")
+    assert parsed.text["communication"].strip().endswith(communication_section.NOT_MEASURED)
+    assert communication_section.NOT_MEASURED in md_section(md, "Communication")
     assert "No collective was timed" in parsed.text["communication"]
     # An unpriced run says why and how to price it; no money figure shows.
     assert "Not priced: no price given: pass --instance" in parsed.text["cost"]
     assert "$" not in parsed.text["cost"].replace("per $", "")
     # A version-1 report written before cost figures existed holds null: the section says so.
-    old = {**report, "cost": None}
+    old = dataclasses.replace(report, cost=None)
     parsed = parse(render_html(old, plots))
-    assert parsed.text["cost"].strip().endswith(content.NOT_MEASURED["cost"])
-    assert content.NOT_MEASURED["cost"] in md_section(render_markdown(old, plots), "Cost")
+    assert parsed.text["cost"].strip().endswith(cost_section.NOT_MEASURED)
+    assert cost_section.NOT_MEASURED in md_section(render_markdown(old, plots), "Cost")
 
 
 def test_communication_section_shows_its_figures(
@@ -538,6 +563,7 @@ def test_communication_section_shows_its_figures(
         "per_rank": [
             {
                 "rank": 0,
+                "steps_with_comm": 30,
                 "comm_ms": 23.6,
                 "exposed_ms": 23.0,
                 "bytes_per_step": 2308,
@@ -560,7 +586,7 @@ def test_communication_section_shows_its_figures(
         "late_rank": {"rank": 1, "summary": "rank 1 arrives late at the collectives"},
         "ddp_logging": {"avg_backward_comm_time_ms": 24.0},
     }
-    report = {**reports["demo"], "communication": comm}
+    report = from_json({**to_json(reports["demo"]), "communication": comm})
     parsed = parse(render_html(report, plots))
     text = parsed.text["communication"]
     assert "gloo" in text and "13.0 ms" in text and "Rank 1 arrives late at the collectives." in text
@@ -569,7 +595,9 @@ def test_communication_section_shows_its_figures(
 
 
 def test_warnings_are_listed(reports: dict[str, dict[str, Any]], plots: list[PlotFile]) -> None:
-    report = {**reports["demo"], "warnings": ["rank 1: steps.jsonl line 7 is damaged", "second"]}
+    report = dataclasses.replace(
+        reports["demo"], warnings=["rank 1: steps.jsonl line 7 is damaged", "second"]
+    )
     parsed = parse(render_html(report, plots))
     assert "rank 1: steps.jsonl line 7 is damaged" in parsed.text["warnings"]
     assert "2 warnings came up" in parsed.text["summary"]
@@ -608,14 +636,17 @@ def test_value_formatters() -> None:
     assert fmt.ranks_text([3]) == "rank 3" and fmt.ranks_text(["0", "1"]) == "ranks 0, 1"
     assert fmt.ranks_text([*range(8), 16, 17, 18, 20]) == "ranks 0–7, 16–18, 20"
     assert fmt.sentence("rank 1 is slow") == "Rank 1 is slow."
-    assert content.by_name("ram_total_bytes", 1536 * GIB) == "1.50 TiB"
-    assert content.by_name("allreduce_ms", 12.5) == "12.5 ms"
+    assert environment_section.by_name("ram_total_bytes", 1536 * GIB) == "1.50 TiB"
+    assert environment_section.by_name("allreduce_ms", 12.5) == "12.5 ms"
 
 
 def test_tables_for_large_jobs_fold_away(reports: dict[str, dict[str, Any]], plots: list[PlotFile]) -> None:
-    report = copy.deepcopy(reports["demo"])
-    row = report["throughput"]["per_rank"][0]
-    report["throughput"]["per_rank"] = [{**row, "rank": r} for r in range(content.FOLD_ROWS + 1)]
+    from tuneup.report.blocks import FOLD_ROWS
+
+    demo = reports["demo"]
+    row = demo.throughput.per_rank[0]
+    rows = [dataclasses.replace(row, rank=r) for r in range(FOLD_ROWS + 1)]
+    report = dataclasses.replace(demo, throughput=dataclasses.replace(demo.throughput, per_rank=rows))
     page = render_html(report, plots)
     throughput = page.split('<section id="throughput">', 1)[1].split("</section>", 1)[0]
     assert "<details><summary>Steady-state rates per rank</summary>" in throughput
@@ -624,3 +655,210 @@ def test_tables_for_large_jobs_fold_away(reports: dict[str, dict[str, Any]], plo
     # Below the limit the table stays open.
     small = render_html(reports["demo"], plots).split('<section id="throughput">', 1)[1]
     assert not small.split("</section>", 1)[0].count("<details>")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scale: 2 ranks keep a row per rank; 1,024 ranks on 128 hosts read in a few dozen rows.
+
+RANKS_PER_HOST = 8
+LARGE_STRAGGLER = 517
+IDLE_GPU_RANK = 264  # local rank 0 of node-033, which samples that host's GPUs
+
+
+def _write_large_run(path: Path, ranks: int = 1024) -> Path:
+    """A synchronous job on hosts of 8 GPUs: rank 517 is slow in forward and the other ranks wait for it
+    in backward; GPU 2 of node-033 idles at half the others' utilization."""
+    t0 = 1_700_000_000.0
+    write_manifest(
+        path,
+        {
+            "run_id": "large",
+            "created_unix": t0,
+            "world_size": ranks,
+            "num_nodes": ranks // RANKS_PER_HOST,
+            "trainer": {"max_steps": 12, "accumulate_grad_batches": 1},
+            "dataloader": {"batch_size": 8},
+            "model": {"class": "Large"},
+        },
+    )
+    for rank in range(ranks):
+        w = RankWriter(path, rank)
+        w.open({"host": f"node-{rank // RANKS_PER_HOST:03d}", "start_unix": t0 + 0.9, "timing": "host"})
+        slow = rank == LARGE_STRAGGLER
+        t = t0 + 1.0
+        for s in range(12):
+            jitter = (rank * 7919 + s) % 13 / 10
+            parts = {
+                "data_ms": 1.0,
+                "forward_ms": 15.0 + (20.0 if slow else 0.0) + (300.0 if s == 0 else 0.0),
+                "backward_ms": 25.0 + (0.0 if slow else 20.0) + jitter,
+                "optimizer_ms": 2.0,
+                "other_ms": 3.0,
+            }
+            wall = sum(parts.values())
+            t += wall / 1000
+            w.add_step(
+                {
+                    "step": s,
+                    "epoch": 0,
+                    "t_end": t,
+                    "wall_ms": wall,
+                    **parts,
+                    "micro_batches": 1,
+                    "samples": 8,
+                    "tokens": None,
+                    "loss": 1.0,
+                    "grad_norm": None,
+                    "peak_mem_bytes": None,
+                }
+            )
+        for i in range(3):
+            sample: dict[str, Any] = {
+                "t": t0 + 1.0 + 0.3 * i,
+                "process": {"cpu_percent": 90.0 + rank % 7, "rss_bytes": GIB + rank * 2**20},
+            }
+            if rank % RANKS_PER_HOST == 0:
+                sample["system"] = {
+                    "cpu_percent": 50.0,
+                    "mem_used_bytes": 100 * GIB,
+                    "mem_total_bytes": 1024 * GIB,
+                    "net": {
+                        "lo": {"sent_bytes": i * 1e6, "recv_bytes": i * 1e6},
+                        "eth0": {"sent_bytes": i * 1e8, "recv_bytes": i * 1e8},
+                    },
+                }
+                sample["gpus"] = [
+                    {
+                        "index": g,
+                        "util_percent": 45.0 if (rank, g) == (IDLE_GPU_RANK, 2) else 90.0,
+                        "mem_used_bytes": 70 * GIB,
+                        "mem_total_bytes": 80 * GIB,
+                        "power_w": 600.0,
+                    }
+                    for g in range(RANKS_PER_HOST)
+                ]
+            w.add_telemetry(sample)
+        w.close(status="completed")
+    return path
+
+
+def _communication(ranks: int, late: int) -> model.Communication:
+    """Collectives of `ranks` ranks; rank `late` spends the least time in them (the others wait for it)."""
+    return model.Communication(
+        backend="nccl",
+        world_size=ranks,
+        ranks_per_node=RANKS_PER_HOST,
+        nccl_version=None,
+        comm_ms_per_step=30.0,
+        share_of_step=0.4,
+        exposed_ms_per_step=10.0,
+        overlapped_ms_per_step=20.0,
+        exposed_share_of_step=0.14,
+        per_rank=[
+            model.RankComm(
+                rank=r,
+                steps_with_comm=11,
+                comm_ms=10.0 if r == late else 30.0 + r % 5,
+                exposed_ms=5.0 if r == late else 10.0 + r % 3,
+                bytes_per_step=5e8,
+                collectives_per_step=14.0,
+            )
+            for r in range(ranks)
+        ],
+        per_bucket=[],
+        by_size=[],
+        fits=[],
+        link=None,
+        late_rank=None,
+        ddp_logging=None,
+    )
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory: pytest.TempPathFactory) -> RunAnalysis:
+    report = analyze_run(load_run(_write_large_run(tmp_path_factory.mktemp("large") / "run")))
+    return dataclasses.replace(report, communication=_communication(1024, late=LARGE_STRAGGLER))
+
+
+def _section_tables(report: RunAnalysis, section_id: str) -> dict[str, Any]:
+    from tuneup.report.blocks import Table
+    from tuneup.report.sections import report_sections
+
+    (section,) = [s for s in report_sections(report, []) if s.id == section_id]
+    return {b.title: b for b in section.blocks if isinstance(b, Table)}
+
+
+def test_at_1024_ranks_no_table_has_a_row_per_rank_or_host(large: RunAnalysis) -> None:
+    assert len(large.step_time.per_rank) == 1024 and len(large.telemetry.hosts) == 128
+    assert len(large.telemetry.gpus) == 1024
+    for section_id in ("hardware", "ranks", "communication"):
+        tables = _section_tables(large, section_id)
+        assert tables, section_id
+        for title, table in tables.items():
+            assert len(table.rows) <= 40, (section_id, title, len(table.rows))
+    statistics = ("", "min", "p5", "median", "p95", "max")
+    ranks = _section_tables(large, "ranks")
+    assert ranks["Median steady step, spread across 1,024 ranks"].header == statistics
+    assert len(ranks["The 5 slowest and 5 fastest ranks, by median steady step"].rows) == 10
+    hosts = ranks["The 10 slowest and 5 fastest of 128 hosts, by the median steady step of their ranks"]
+    assert len(hosts.rows) == 15
+    hardware = _section_tables(large, "hardware")
+    for title in (
+        "GPUs, spread across 1,024 GPUs on 128 hosts",
+        "Training processes (each rank with its children), spread across 1,024 ranks",
+        "Hosts, spread across 128 hosts",
+    ):
+        assert hardware[title].header == statistics, title
+    assert [r[0] for r in hardware["Network interfaces across 128 hosts"].rows] == ["eth0", "lo"]
+    comm = _section_tables(large, "communication")
+    assert comm["Per rank, mean per step: spread across 1,024 ranks"].header == statistics
+
+
+def test_at_1024_ranks_the_rank_that_holds_the_others_back_is_named(
+    large: RunAnalysis, plots: list[PlotFile]
+) -> None:
+    straggler, slowest = large.ranks.straggler, large.ranks.slowest[0]
+    assert straggler is not None and straggler.rank == LARGE_STRAGGLER
+    parsed = parse(render_html(large, plots))
+    ranks = parsed.text["ranks"]
+    assert f"The slowest of 1,024 ranks is rank {slowest.rank} on {slowest.host}" in ranks
+    assert f"Straggler: rank {LARGE_STRAGGLER}, in forward" in ranks
+    hardware = _section_tables(large, "hardware")
+    processes = hardware["Rank processes at the extremes (3 each)"].rows
+    assert processes[-1][:3] == ("straggler", str(LARGE_STRAGGLER), "node-064")
+    idle = hardware["The 5 least busy GPUs, by mean utilization"].rows
+    assert idle[0][:3] == ("2", "node-033", "45% / 45%")
+    extremes = "Ranks at the extremes of collective time (3 each), mean per step"
+    comm = _section_tables(large, "communication")[extremes]
+    assert comm.rows[0][:3] == ("least time", str(LARGE_STRAGGLER), "node-064")
+    assert comm.rows[-1][:2] == ("straggler", str(LARGE_STRAGGLER))
+    md = render_markdown(large, plots)
+    assert f"The slowest of 1,024 ranks is rank {slowest.rank}" in md_section(md, "Ranks side by side")
+    assert f"| straggler | {LARGE_STRAGGLER} | node-064 |" in md_section(md, "GPUs, processes and hosts")
+
+
+def test_at_2_ranks_every_rank_keeps_its_row(reports: dict[str, RunAnalysis], plots: list[PlotFile]) -> None:
+    demo = reports["demo"]
+    ranks = _section_tables(demo, "ranks")
+    assert list(ranks) == ["Steady-state steps per rank; phase columns are medians"]
+    per_rank = ranks["Steady-state steps per rank; phase columns are medians"]
+    assert per_rank.header[:5] == ("Rank", "Host", "Steps", "Median step", "p95 step")
+    assert [r[:2] for r in per_rank.rows] == [("0", "node-a"), ("1", "node-a")]
+    hardware = _section_tables(demo, "hardware")
+    processes_title = "Training processes (each rank with its children)"
+    assert list(hardware) == [processes_title, "Hosts", "Network interfaces"]
+    processes = hardware[processes_title]
+    assert processes.header == ("Rank", "CPU mean", "Peak RSS")
+    assert [r[0] for r in processes.rows] == ["0", "1"]
+    assert {r[0] for r in hardware["Hosts"].rows} == {"node-a"}
+    gpus = _section_tables(reports["gpu"], "hardware")["GPUs: NVIDIA H200 on node-a"]
+    assert gpus.header[:2] == ("GPU", "Util mean / max") and [r[0] for r in gpus.rows] == ["0", "1"]
+    with_comm = dataclasses.replace(demo, communication=_communication(2, late=1))
+    comm = _section_tables(with_comm, "communication")
+    assert list(comm) == ["Per rank, mean per step"]
+    header = ("Rank", "Collectives", "Exposed", "Bytes", "Collectives/step")
+    assert comm["Per rank, mean per step"].header == header
+    assert [r[0] for r in comm["Per rank, mean per step"].rows] == ["0", "1"]
+    page = parse(render_html(with_comm, plots)).text
+    for section_id in ("ranks", "hardware", "communication"):
+        assert "spread across" not in page[section_id] and "at the extremes" not in page[section_id]

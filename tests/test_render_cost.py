@@ -12,8 +12,10 @@ round on purpose, so the expected dollars, watts and MFU below are worked out by
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
+import typing
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,14 @@ from typing import Any
 import jsonschema
 import pytest
 
+from tuneup.analyze.model import from_json
 from tuneup.cli import main
 from tuneup.cost.figures import CostOptions
 from tuneup.cost.pricing import PriceChoice
 from tuneup.record import RankWriter, write_manifest
-from tuneup.report import content, report_schema, write_report
 from tuneup.report import format as fmt
+from tuneup.report import report_schema, write_report
+from tuneup.report.sections import cost as cost_section
 
 GIB = 2**30
 T0 = 1_700_000_000.0
@@ -337,14 +341,24 @@ def test_missing_cost_figures_render_as_dashes_not_zeros(gpu_run: Path, tmp_path
 
     _, _, report = _write(gpu_run, tmp_path / "out", CostOptions(price=PriceChoice(price_per_hour=1.0)))
 
-    def nones(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: nones(v) for k, v in value.items()}
+    def nones(value: Any, optional: bool = False) -> Any:
+        """Every figure the analysis may leave out (an Optional number) left out; texts, flags and the
+        structure (the price, its instance, the spot figures) kept, so every row still shows."""
         if isinstance(value, list):
             return [nones(v) for v in value]
-        return value if isinstance(value, (bool, str)) else None
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            hints = typing.get_type_hints(type(value))
+            return dataclasses.replace(
+                value,
+                **{
+                    f.name: nones(getattr(value, f.name), type(None) in typing.get_args(hints[f.name]))
+                    for f in dataclasses.fields(value)
+                },
+            )
+        return None if optional and not isinstance(value, (bool, str)) else value
 
-    hollow = {**report, "cost": nones(report["cost"])}
+    analysis = from_json(report)
+    hollow = dataclasses.replace(analysis, cost=nones(analysis.cost))
     for out in (html_section(render_html(hollow, [])), md_section(render_markdown(hollow, []))):
         assert "$0" not in out and " 0 W" not in out and "0.0%" not in out
         assert not re.search(r"\bNone\b|\bnan\b", out)
@@ -369,4 +383,4 @@ def test_cost_formatters() -> None:
     assert fmt.fraction_percent(None) == fmt.MISSING
     assert fmt.large(4_067_240) == "4.07 M" and fmt.large(63_550.6) == "63,551" and fmt.large(3e9) == "3.00 B"
     assert fmt.figure(0.00221973) == "0.00222" and fmt.figure(132.275) == "132.3"
-    assert content.NOT_MEASURED["cost"]
+    assert cost_section.NOT_MEASURED

@@ -27,16 +27,17 @@ from typing import Any
 import jsonschema
 import pytest
 
+from tuneup.analyze.model import from_json
+from tuneup.catalog import CatalogError, load_instances
 from tuneup.cli import main
 from tuneup.collect.environment import REDACTED, capture_environment, captured_environment
-from tuneup.cost.catalog import CatalogError, load_instances
 from tuneup.cost.figures import CostOptions
 from tuneup.cost.pricing import PriceChoice
 from tuneup.record import RankWriter, write_manifest
 from tuneup.report import build_report, report_schema, write_report
-from tuneup.report.artifacts import SECTIONS
 from tuneup.report.html import render_html
 from tuneup.report.markdown import render_markdown
+from tuneup.report.sections import SECTIONS
 
 from synthetic import make_run
 
@@ -561,7 +562,8 @@ def test_a_recorded_price_source_is_escaped(tmp_path: Path) -> None:
     )
     report = build_report(run)
     assert report["cost"]["priced"] is True
-    page, md = render_html(report, []), render_markdown(report, [])
+    analysis = from_json(report)
+    page, md = render_html(analysis, []), render_markdown(analysis, [])
     assert_inert_html(page, 0)
     assert_inert_markdown(md, [])
     assert marker("recorded") in parse(page).text["cost"]

@@ -160,7 +160,11 @@ def test_the_report_counts_the_interruption_and_the_work_it_cost(tmp_path: Path)
     assert report["run"]["path"] == str(run_dir / "segment-1")  # the figures are the last segment's
     assert any("2 segments" in w for w in report["warnings"])
 
-    from tuneup.report import write_report
+    from tuneup.report import analyze, write_report
+    from tuneup.report.terminal import render_terminal
+
+    # `tuneup show` names the run by the directory it was given, not by its last segment's.
+    assert render_terminal(analyze(run_dir)).splitlines()[0].endswith(f"  ({run_dir})")
 
     written = write_report(run_dir, tmp_path / "report", "md,html")
     md = written.path("md").read_text()  # type: ignore[union-attr]

@@ -34,105 +34,12 @@ class UsageError(Exception):
     """Bad input from the user: reported in one line, exit code 2."""
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:,.0f} MiB"
-
-
-def _count(n: int) -> str:
-    return f"{n / 1e9:,.2f} B" if n >= 1e9 else f"{n / 1e6:,.2f} M" if n >= 1e6 else f"{n:,}"
-
-
-def _rate(value: float | None, unit: str) -> str | None:
-    return None if value is None else f"{value:,.1f} {unit}"
-
-
 def format_summary(run_dir: Path, cost: CostOptions | None = None) -> str:
     """The headline figures, findings and warnings of a run, for the terminal; `cost` prices it."""
-    from tuneup.report import build_report
+    from tuneup.report import analyze
+    from tuneup.report.terminal import render_terminal
 
-    r = build_report(run_dir, cost)
-    run, st = r["run"], r["step_time"]
-    hosts = sorted({h for h in run["hosts"].values() if h})
-    lines = [f"tuneup run {run['run_id']}  ({run_dir})"]
-    lines.append(
-        f"  world size {run['world_size']} on {run['num_nodes']} node(s)"
-        + (f" ({', '.join(hosts[:4])})" if hosts else "")
-        + f"; {run['namespace'] or '?'} {run['strategy'] or '?'}, precision {run['precision'] or '?'}, "
-        f"accumulate {run['accumulate_grad_batches']}"
-    )
-    params, batch = run["parameters"], run["batch_size_per_rank"]
-    lines.append(
-        f"  model {run['model_class'] or '?'}"
-        + (f": {_count(params)} parameters" if isinstance(params, int) else "")
-        + (f"; batch size {batch} per rank" if batch else "")
-    )
-    if not st["per_rank"]:
-        lines.append("  no steps recorded")
-    else:
-        lines.append(
-            f"  steps recorded {run['steps_recorded']} per rank (first {r['warmup']['steps']} left out as warm-up)"
-        )
-        tp = r["throughput"]
-        rates = [
-            x
-            for x in (
-                _rate(tp["samples_per_s"], "samples/s"),
-                _rate(tp["tokens_per_s"], "tokens/s"),
-                _rate(tp["steps_per_s"], "optimizer steps/s"),
-            )
-            if x
-        ]
-        lines.append("")
-        lines.append(f"  throughput (steady state, all ranks): {' | '.join(rates)}")
-        lines.append(f"  step time: median {st['median_ms']:,.2f} ms; where it goes, mean over all ranks:")
-        for phase, v in st["phases"].items():
-            lines.append(f"    {phase:<10}{v['ms']:>10.2f} ms {v['share']:>7.1%}")
-        if len(st["per_rank"]) > 1:
-            lines.append(
-                "  per rank median step: "
-                + ", ".join(f"rank {p['rank']} {p['median_ms']:.2f} ms" for p in st["per_rank"])
-            )
-    comm = r.get("communication")
-    if comm and comm.get("comm_ms_per_step") is not None:
-        lines.append(
-            f"  communication: {comm['comm_ms_per_step']:,.2f} ms of collectives per step "
-            f"({comm['share_of_step']:.1%} of the step), {comm['exposed_ms_per_step'] or 0:,.2f} ms of it waited for"
-        )
-    hw = []
-    procs = r["telemetry"]["processes"]
-    cpu = [p["cpu_percent_mean"] for p in procs if p["cpu_percent_mean"] is not None]
-    rss = [p["rss_bytes_max"] for p in procs if p["rss_bytes_max"] is not None]
-    if cpu:
-        hw.append(f"process CPU {sum(cpu) / len(cpu):.0f}% per rank (100% = one core)")
-    if rss:
-        hw.append(f"peak RSS {_mib(max(rss))}")
-    for gpu in r["telemetry"]["gpus"]:
-        if gpu["util_percent_mean"] is not None:
-            hw.append(f"GPU {gpu['index']} utilization {gpu['util_percent_mean']:.0f}%")
-    if hw:
-        lines.append("  hardware: " + ", ".join(hw))
-    cost = r.get("cost") or {}
-    if cost.get("priced") and cost.get("price"):
-        from tuneup.report.format import fraction_percent, is_number, large, usd, usd_rate
-
-        money, mfu = cost.get("figures") or {}, (cost.get("flops") or {}).get("mfu")
-        parts = [f"{usd_rate(cost['price'].get('usd_per_hour'), 'h')} ({cost['price'].get('source')})"]
-        if is_number(money.get("usd_per_million_tokens")):
-            parts.append(f"{usd(money['usd_per_million_tokens'])} per 1M tokens")
-        elif is_number(money.get("samples_per_usd")):
-            parts.append(f"{large(money['samples_per_usd'])} samples per $")
-        if is_number(mfu):
-            parts.append(f"MFU {fraction_percent(mfu)}")
-        lines.append("  cost: " + "; ".join(parts))
-    if r["findings"]:
-        lines.append("")
-        lines.append("  findings:")
-        lines.extend(f"    - {f['severity']}: {f['title']}. {f['evidence']}" for f in r["findings"])
-    if r["warnings"]:
-        lines.append("")
-        lines.append("  warnings:")
-        lines.extend(f"    - {w}" for w in r["warnings"])
-    return "\n".join(lines)
+    return render_terminal(analyze(run_dir, cost))
 
 
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,7 +71,7 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cost_options(args: argparse.Namespace) -> CostOptions | None:
     """The cost options given on the command line, checked; UsageError names the option and the fix."""
-    from tuneup.cost.catalog import CatalogError, load_instances
+    from tuneup.catalog import CatalogError, load_instances
     from tuneup.cost.figures import CostOptions
     from tuneup.cost.pricing import PriceChoice, PricingError, check_choice
 
@@ -215,7 +122,7 @@ def _write_report(run_dir: Path, out_dir: Path | None, formats: str, cost: CostO
     if plots:
         print(f"wrote {len(plots)} plot(s) beside them in {written.out_dir}")
     for finding in written.findings:
-        print(f"{finding['severity']}: {finding['title']}")
+        print(f"{finding.severity}: {finding.title}")
     if written.warnings:
         # The report holds them in full; one line each here so a CI log shows them too.
         for warning in written.warnings:
@@ -230,7 +137,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from tuneup.cost.catalog import CatalogError, load_instances
+    from tuneup.catalog import CatalogError, load_instances
 
     try:
         catalog = load_instances(args.catalog)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tuneup.analyze.model import Finding, RunAnalysis
     from tuneup.cost.figures import CostOptions
 
 FORMATS = ("html", "md", "json")
@@ -34,7 +35,7 @@ class WrittenReport:
     out_dir: Path
     files: list[Path] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    findings: list[dict[str, str]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
 
     def path(self, fmt: str) -> Path | None:
         suffix = {"html": ".html", "md": ".md", "json": ".json"}[fmt]
@@ -61,9 +62,9 @@ def report_schema() -> dict[str, Any]:
     )
 
 
-def build_report(run_dir: str | os.PathLike[str], cost: CostOptions | None = None) -> dict[str, Any]:
-    """Load and analyse a run: the report's content (what report.json holds). `cost` prices it (or
-    replaces the price it recorded); a bad price or catalog raises ReportError."""
+def analyze(run_dir: str | os.PathLike[str], cost: CostOptions | None = None) -> RunAnalysis:
+    """Load and analyse a run (every segment of it). `cost` prices it (or replaces the price it recorded);
+    a bad price or catalog raises ReportError."""
     from tuneup.analyze.analysis import analyze_run
     from tuneup.record.segments import load_segments
 
@@ -74,6 +75,13 @@ def build_report(run_dir: str | os.PathLike[str], cost: CostOptions | None = Non
         if cost is None:
             raise
         raise ReportError(str(exc)) from None
+
+
+def build_report(run_dir: str | os.PathLike[str], cost: CostOptions | None = None) -> dict[str, Any]:
+    """The report's JSON document (what report.json holds) for the run at `run_dir`."""
+    from tuneup.analyze.model import to_json
+
+    return to_json(analyze(run_dir, cost))
 
 
 def write_report(
@@ -88,8 +96,8 @@ def write_report(
     an output directory that cannot be written.
     """
     wanted = parse_formats(formats)
-    report = build_report(run_dir, cost)
-    target = Path(out_dir) if out_dir is not None else Path("reports") / _plain_name(report["run"]["run_id"])
+    analysis = analyze(run_dir, cost)
+    target = Path(out_dir) if out_dir is not None else Path("reports") / _plain_name(analysis.run.run_id)
     try:
         target.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".tuneup-report-", dir=target))
@@ -98,7 +106,7 @@ def write_report(
             f"cannot write the report to {target}: {exc.strerror or exc}; pass -o with a writable directory"
         ) from None
     try:
-        written = _render_into(report, scratch, wanted)
+        written = _render_into(analysis, scratch, wanted)
         files = []
         for name in written:
             os.replace(scratch / name, target / name)
@@ -109,9 +117,7 @@ def write_report(
         ) from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return WrittenReport(
-        out_dir=target, files=files, warnings=report["warnings"], findings=report["findings"]
-    )
+    return WrittenReport(out_dir=target, files=files, warnings=analysis.warnings, findings=analysis.findings)
 
 
 def _plain_name(run_id: Any) -> str:
@@ -121,27 +127,29 @@ def _plain_name(run_id: Any) -> str:
     return name or "run"
 
 
-def _render_into(report: dict[str, Any], scratch: Path, formats: tuple[str, ...]) -> list[str]:
+def _render_into(analysis: RunAnalysis, scratch: Path, formats: tuple[str, ...]) -> list[str]:
     """Render every requested file into `scratch`; return their names, plots first."""
     names: list[str] = []
     plots = []
     if "html" in formats or "md" in formats:
-        from tuneup.report.plots import render_plots
+        from tuneup.report.sections import render_plots
 
-        plots = render_plots(report, scratch)
+        plots = render_plots(analysis, scratch)
         names.extend(p.name for p in plots)
     if "json" in formats:
-        text = json.dumps(report, indent=1, allow_nan=False)
+        from tuneup.analyze.model import to_json
+
+        text = json.dumps(to_json(analysis), indent=1, allow_nan=False)
         (scratch / f"{REPORT_BASENAME}.json").write_text(text + "\n", encoding="utf-8")
         names.append(f"{REPORT_BASENAME}.json")
     if "md" in formats:
         from tuneup.report.markdown import render_markdown
 
-        (scratch / f"{REPORT_BASENAME}.md").write_text(render_markdown(report, plots), encoding="utf-8")
+        (scratch / f"{REPORT_BASENAME}.md").write_text(render_markdown(analysis, plots), encoding="utf-8")
         names.append(f"{REPORT_BASENAME}.md")
     if "html" in formats:
         from tuneup.report.html import render_html
 
-        (scratch / f"{REPORT_BASENAME}.html").write_text(render_html(report, plots), encoding="utf-8")
+        (scratch / f"{REPORT_BASENAME}.html").write_text(render_html(analysis, plots), encoding="utf-8")
         names.append(f"{REPORT_BASENAME}.html")
     return names

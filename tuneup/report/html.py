@@ -12,10 +12,10 @@ import base64
 import html
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from tuneup.analyze.model import RunAnalysis
 from tuneup.report.artifacts import PlotFile
-from tuneup.report.content import (
+from tuneup.report.blocks import (
     Block,
     Bullets,
     Figure,
@@ -25,11 +25,8 @@ from tuneup.report.content import (
     Paragraph,
     Section,
     Table,
-    generated_line,
-    page_subtitle,
-    page_title,
-    report_sections,
 )
+from tuneup.report.sections import generated_line, page_subtitle, page_title, report_sections
 
 
 class _Html(str):
@@ -241,9 +238,9 @@ footer { margin-top: 48px; color: var(--muted); font-size: 13px; }
 _CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
 
-def render_html(report: dict[str, Any], plots: Sequence[PlotFile]) -> str:
+def render_html(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> str:
     """The whole report as one HTML5 document that opens offline."""
-    sections = report_sections(report, plots)
+    sections = report_sections(analysis, plots)
     toc = _el(
         "nav",
         _el("ol", _join([_el("li", _el("a", s.title, href=f"#{s.id}")) for s in sections])),
@@ -256,17 +253,17 @@ def render_html(report: dict[str, Any], plots: Sequence[PlotFile]) -> str:
         _void("meta", http_equiv="Content-Security-Policy", content=_CSP),
         _void("meta", name="viewport", content="width=device-width, initial-scale=1"),
         _void("meta", name="color-scheme", content="light"),
-        _el("title", page_title(report)),
+        _el("title", page_title(analysis)),
         _el("style", _Html(_CSS)),
     )
     body = _el(
         "body",
         _el(
             "main",
-            _el("header", _el("h1", page_title(report)), _el("p", page_subtitle(report))),
+            _el("header", _el("h1", page_title(analysis)), _el("p", page_subtitle(analysis))),
             toc,
             _join([_section(s) for s in sections]),
-            _el("footer", _el("p", generated_line(report))),
+            _el("footer", _el("p", generated_line(analysis))),
         ),
     )
     return "<!DOCTYPE html>\n" + _el("html", head, body, lang="en") + "\n"

@@ -1,6 +1,6 @@
 """The report as GitHub-flavoured Markdown, for a CI job summary or a pull-request comment.
 
-Same sections, same order and same figures as the HTML page (both draw from `content.report_sections`),
+Same sections, same order and same figures as the HTML page (both draw from `sections.report_sections`),
 made compact: findings lead the summary, long reference tables fold into <details>, plots are image
 links to the PNG files written beside the .md.
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 from urllib.parse import quote
 
+from tuneup.analyze.model import RunAnalysis
 from tuneup.report.artifacts import PlotFile
-from tuneup.report.content import (
+from tuneup.report.blocks import (
     Block,
     Bullets,
     Figure,
@@ -26,11 +26,8 @@ from tuneup.report.content import (
     Paragraph,
     Section,
     Table,
-    generated_line,
-    page_subtitle,
-    page_title,
-    report_sections,
 )
+from tuneup.report.sections import generated_line, page_subtitle, page_title, report_sections
 
 _NEWLINES = re.compile(r"[\r\n\u2028\u2029]+")
 # Characters that start Markdown constructs anywhere in a line: code, emphasis, links, strikethrough,
@@ -123,13 +120,13 @@ def _section(section: Section, image_prefix: str) -> str:
     return "\n\n".join(parts)
 
 
-def render_markdown(report: dict[str, Any], plots: Sequence[PlotFile], image_prefix: str = "") -> str:
+def render_markdown(analysis: RunAnalysis, plots: Sequence[PlotFile], image_prefix: str = "") -> str:
     """The report as Markdown; plot images are linked as `image_prefix + plot.name`."""
-    sections = report_sections(report, plots)
+    sections = report_sections(analysis, plots)
     parts = [
-        f"# {_md(page_title(report))}",
-        _md(page_subtitle(report)),
+        f"# {_md(page_title(analysis))}",
+        _md(page_subtitle(analysis)),
         *(_section(s, image_prefix) for s in sections),
-        f"_{_md(generated_line(report))}_",
+        f"_{_md(generated_line(analysis))}_",
     ]
     return "\n\n".join(parts) + "\n"

@@ -1,0 +1,172 @@
+"""The run in a terminal: `render_terminal(analysis)` is what `tuneup show RUN_DIR` prints.
+
+A dozen lines a person reads while the job still runs: what ran, the headline rates and where the step
+goes, how the ranks compare, communication, hardware and cost, then findings and warnings. It reads the
+typed analysis only, so its figures are the report's figures with the report's labels: throughput is the
+steady-state mean (THROUGHPUT_STATISTIC), and the step time says which statistic each number is.
+"""
+
+from __future__ import annotations
+
+from tuneup.analyze.model import Communication, Cost, Ranks, RankStep, RunAnalysis, StepTime, Telemetry
+from tuneup.report.format import fraction_percent, is_number, large, usd, usd_rate
+
+# Up to this many ranks (or GPUs) the terminal names each one; beyond, it prints how they spread and the
+# extremes, as the report does: a line per rank of a 1,024-rank job is read by nobody.
+LIST_EACH_UP_TO = 8
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:,.2f} B" if n >= 1e9 else f"{n / 1e6:,.2f} M" if n >= 1e6 else f"{n:,}"
+
+
+def _rate(value: float | None, unit: str) -> str | None:
+    return None if value is None else f"{value:,.1f} {unit}"
+
+
+def _ms(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.2f} ms"
+
+
+def render_terminal(analysis: RunAnalysis) -> str:
+    """The headline figures, findings and warnings of a run, as plain text lines (no trailing newline)."""
+    lines = _run_lines(analysis)
+    st = analysis.step_time
+    if not st.per_rank:
+        lines.append("  no steps recorded")
+    else:
+        lines.append(
+            f"  steps recorded {analysis.run.steps_recorded} per rank "
+            f"(first {analysis.warmup.steps} left out as warm-up)"
+        )
+        lines.append("")
+        lines.extend(_speed_lines(analysis))
+        lines.extend(_rank_lines(st, analysis.ranks))
+    lines.extend(_communication_lines(analysis.communication))
+    lines.extend(_hardware_lines(analysis.telemetry))
+    lines.extend(_cost_lines(analysis.cost))
+    if analysis.findings:
+        lines.append("")
+        lines.append("  findings:")
+        lines.extend(f"    - {f.severity}: {f.title}. {f.evidence}" for f in analysis.findings)
+    if analysis.warnings:
+        lines.append("")
+        lines.append("  warnings:")
+        lines.extend(f"    - {w}" for w in analysis.warnings)
+    return "\n".join(lines)
+
+
+def _run_lines(analysis: RunAnalysis) -> list[str]:
+    run = analysis.run
+    # The directory the user pointed at: a resumed run's figures are its last segment's (run.path), but
+    # the run is named by its first segment's directory, the one `tuneup show` was given.
+    segments = analysis.interruptions.segments if analysis.interruptions is not None else []
+    where = segments[0].path if segments else run.path
+    hosts = sorted({h for h in run.hosts.values() if h})
+    params, batch = run.parameters, run.batch_size_per_rank
+    return [
+        f"tuneup run {run.run_id}  ({where})",
+        f"  world size {run.world_size} on {run.num_nodes} node(s)"
+        + (f" ({', '.join(hosts[:4])})" if hosts else "")
+        + f"; {run.namespace or '?'} {run.strategy or '?'}, precision {run.precision or '?'}, "
+        f"accumulate {run.accumulate_grad_batches}",
+        f"  model {run.model_class or '?'}"
+        + (f": {_count(params)} parameters" if isinstance(params, int) else "")
+        + (f"; batch size {batch} per rank" if batch else ""),
+    ]
+
+
+def _speed_lines(analysis: RunAnalysis) -> list[str]:
+    tp, st = analysis.throughput, analysis.step_time
+    rates = [
+        x
+        for x in (
+            _rate(tp.samples_per_s, "samples/s"),
+            _rate(tp.tokens_per_s, "tokens/s"),
+            _rate(tp.steps_per_s, "optimizer steps/s"),
+        )
+        if x
+    ]
+    lines = [
+        f"  throughput (steady-state mean, all ranks): {' | '.join(rates)}",
+        f"  step time: mean {_ms(st.mean_ms)}, median {_ms(st.median_ms)}; where it goes, mean over all ranks:",
+    ]
+    lines.extend(
+        f"    {name:<10}{phase.ms:>10.2f} ms {phase.share:>7.1%}" for name, phase in st.phases.items()
+    )
+    return lines
+
+
+def _rank_lines(st: StepTime, ranks: Ranks) -> list[str]:
+    if len(st.per_rank) <= 1:
+        return []
+    if len(st.per_rank) <= LIST_EACH_UP_TO or ranks.median_step_ms is None:
+        return [
+            "  per rank median step: " + ", ".join(f"rank {p.rank} {p.median_ms:.2f} ms" for p in st.per_rank)
+        ]
+    q = ranks.median_step_ms
+    lines = [
+        f"  per rank median step, over {len(st.per_rank):,} ranks: min {q.min:.2f} ms, p5 {q.p5:.2f} ms, "
+        f"median {q.p50:.2f} ms, p95 {q.p95:.2f} ms, max {q.max:.2f} ms"
+    ]
+
+    def named(steps: list[RankStep]) -> str:
+        return ", ".join(
+            f"rank {s.rank}" + (f" ({s.host})" if s.host else "") + f" {s.median_ms:.2f} ms" for s in steps
+        )
+
+    if ranks.slowest:
+        lines.append(f"    slowest: {named(ranks.slowest)}")
+    if ranks.fastest:
+        lines.append(f"    fastest: {named(ranks.fastest)}")
+    return lines
+
+
+def _communication_lines(comm: Communication | None) -> list[str]:
+    if comm is None or comm.comm_ms_per_step is None:
+        return []
+    line = f"  communication: {comm.comm_ms_per_step:,.2f} ms of collectives per step"
+    if comm.share_of_step is not None:
+        line += f" ({comm.share_of_step:.1%} of the step)"
+    if comm.exposed_ms_per_step is not None:
+        line += f", {comm.exposed_ms_per_step:,.2f} ms of it waited for"
+    return [line]
+
+
+def _hardware_lines(telemetry: Telemetry) -> list[str]:
+    parts = []
+    cpu = [p.cpu_percent_mean for p in telemetry.processes if p.cpu_percent_mean is not None]
+    rss = [p.rss_bytes_max for p in telemetry.processes if p.rss_bytes_max is not None]
+    if cpu:
+        parts.append(f"process CPU {sum(cpu) / len(cpu):.0f}% per rank (100% = one core)")
+    if rss:
+        parts.append(f"peak RSS {_mib(max(rss))}")
+    gpus = [g for g in telemetry.gpus if g.util_percent_mean is not None]
+    if len(gpus) <= LIST_EACH_UP_TO:
+        parts.extend(f"GPU {g.index} utilization {g.util_percent_mean:.0f}%" for g in gpus)
+    else:
+        low = min(gpus, key=lambda g: g.util_percent_mean or 0.0)
+        mean = sum(g.util_percent_mean or 0.0 for g in gpus) / len(gpus)
+        parts.append(
+            f"GPU utilization {mean:.0f}% mean over {len(gpus):,} GPUs, lowest {low.util_percent_mean:.0f}% "
+            f"(GPU {low.index}" + (f" on {low.host})" if low.host else ")")
+        )
+    return ["  hardware: " + ", ".join(parts)] if parts else []
+
+
+def _cost_lines(cost: Cost | None) -> list[str]:
+    if cost is None or not cost.priced or cost.price is None:
+        return []
+    money, mfu = cost.figures, cost.flops.mfu
+    parts = [f"{usd_rate(cost.price.usd_per_hour, 'h')} ({cost.price.source})"]
+    if is_number(money.usd_per_million_tokens):
+        parts.append(f"{usd(money.usd_per_million_tokens)} per 1M tokens")
+    elif is_number(money.samples_per_usd):
+        parts.append(f"{large(money.samples_per_usd)} samples per $")
+    if is_number(mfu):
+        parts.append(f"MFU {fraction_percent(mfu)}")
+    return ["  cost: " + "; ".join(parts)]
