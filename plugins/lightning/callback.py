@@ -23,17 +23,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tuneup._log import info_once, warn_once
+from tuneup.analyze.throughput import rate_per_s
 from tuneup.collect.batch import BatchCounter
 from tuneup.collect.comm import CommProbe
 from tuneup.collect.drainer import Drainer
 from tuneup.collect.environment import redact_value
 from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
-from tuneup.compare.bench import ENV_RUN_DIR
 from tuneup.cost.pricing import PriceChoice, check_choice, choice_from_env
 from tuneup.plugins.lightning.fetch_tap import FetchTap, fetch_actions
 from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, trainer_config
-from tuneup.record.schema import MANIFEST_FILE, new_run_id
+from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE, new_run_id
 from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
 
@@ -125,7 +125,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         max_lag_steps: how many steps, beyond the ``flush_every_steps`` that wait to be written anyway,
             CUDA timings may still be unreadable before tuneup waits for the device.
         instance: the cloud instance the job runs on, as a catalog key (``"aws:p4d.24xlarge"``,
-            ``"gcp:a3-ultragpu-8g"``; ``tuneup.cost.load_instances().keys()`` lists them), to price the run.
+            ``"gcp:a3-ultragpu-8g"``; ``tuneup.catalog.load_instances().keys()`` lists them), to price the run.
             Checked now: an unknown key raises, naming the closest ones.
         spot: price the instance at its spot price.
         price_per_hour: a price of your own in USD per hour, instead of an instance;
@@ -233,6 +233,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._segment: dict[str, Any] | None = None  # None: the run's first segment
         self._resumed_from: dict[str, Any] | None = None  # a checkpoint's state, until on_train_start
         self._log_queue: deque[tuple[int, dict[str, float]]] = deque()
+        # The steps since the last log, summed: the logged figures are means over them (drainer thread).
+        self._log_window: list[dict[str, Any]] = []
 
     # -- failure handling --------------------------------------------------------------------------
 
@@ -647,8 +649,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         """Runs on the drainer's thread: write the record, and queue what the trainer's loggers get."""
         if self._writer is not None:
             self._writer.add_step(record)
-        if self.log_to_trainer and self._rank == 0 and (record["step"] + 1) % self._log_every == 0:
-            self._log_queue.append(self._headline_metrics(record))
+        if self.log_to_trainer and self._rank == 0:
+            self._log_window.append(record)
+            if (record["step"] + 1) % self._log_every == 0:
+                self._log_queue.append(self._headline_metrics(self._log_window))
+                self._log_window = []
 
     def _log_to_trainer(self) -> None:
         """On the training thread: loggers are not all safe to call from another thread."""
@@ -664,23 +669,28 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                         f"{type(logger).__name__}.log_metrics failed: {exc}",
                     )
 
-    def _headline_metrics(self, record: dict[str, Any]) -> tuple[int, dict[str, float]]:
-        wall_s = record["wall_ms"] / 1000.0
+    def _headline_metrics(self, records: list[dict[str, Any]]) -> tuple[int, dict[str, float]]:
+        """The report's headline figures over the steps since the last log, by the report's definitions
+        (tuneup.analyze.throughput): means over the interval, a rate as its samples over its time."""
+        wall_ms = sum(r["wall_ms"] for r in records)
+        n = len(records)
         metrics: dict[str, float] = {
-            "tuneup/step_time_ms": record["wall_ms"],
-            "tuneup/data_wait_ms": record["data_ms"],
-            "tuneup/forward_ms": record["forward_ms"],
-            "tuneup/backward_ms": record["backward_ms"],
-            "tuneup/optimizer_ms": record["optimizer_ms"],
+            "tuneup/step_time_ms": wall_ms / n,
+            "tuneup/data_wait_ms": sum(r["data_ms"] for r in records) / n,
+            "tuneup/forward_ms": sum(r["forward_ms"] for r in records) / n,
+            "tuneup/backward_ms": sum(r["backward_ms"] for r in records) / n,
+            "tuneup/optimizer_ms": sum(r["optimizer_ms"] for r in records) / n,
         }
-        if record.get("samples") and wall_s > 0:
-            # Rank 0's samples times the world size: exact when ranks see equal batches, as DDP's sampler makes them.
-            metrics["tuneup/samples_per_s"] = record["samples"] * self._world_size / wall_s
-        if record.get("tokens") and wall_s > 0:
-            metrics["tuneup/tokens_per_s"] = record["tokens"] * self._world_size / wall_s
+        # Rank 0's count times the world size: exact when ranks see equal batches, as DDP's sampler makes them.
+        for key, name in (("samples", "tuneup/samples_per_s"), ("tokens", "tuneup/tokens_per_s")):
+            counts = [r.get(key) for r in records]
+            if None not in counts and sum(counts):  # type: ignore[arg-type]
+                rate = rate_per_s(sum(counts) * self._world_size, wall_ms)  # type: ignore[arg-type]
+                if rate is not None:
+                    metrics[name] = rate
         if self._last_gpu_util is not None:
             metrics["tuneup/gpu_util_percent"] = self._last_gpu_util
-        return record["step"], metrics
+        return records[-1]["step"], metrics
 
     # -- the end -----------------------------------------------------------------------------------
 

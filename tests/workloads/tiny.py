@@ -160,7 +160,7 @@ def make_trainer(
         max_steps=max_steps,
         accumulate_grad_batches=accumulate,
         callbacks=callbacks,
-        logger=False,
+        logger=kwargs.pop("logger", False),
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--comm-hook", default="none", choices=["none", "fp16", "powersgd", "user"])
     p.add_argument("--progress-file", help="append each finished optimizer step's number here, unbuffered")
     p.add_argument("--save-params", help="write the trained parameters here (torch.save), from rank 0")
+    p.add_argument("--csv-log", help="log to a CSVLogger in this directory, every 4 steps")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -241,6 +242,16 @@ def main(argv: list[str] | None = None) -> None:
         strategy=strategy,
         accumulate=args.accumulate,
         root=str(Path(args.out or os.environ.get("TUNEUP_DIR", "run")).parent),
+        **(
+            {
+                "logger": lightning_namespace(args.namespace).loggers.CSVLogger(
+                    args.csv_log, name="", version=""
+                ),
+                "log_every_n_steps": 4,
+            }
+            if args.csv_log
+            else {}
+        ),
     )
     trainer.fit(model, make_loader(batch_size=args.batch_size, slow_data_ms=args.slow_data_ms, n=4096))
     if args.save_params and trainer.global_rank == 0 and not fsdp2:

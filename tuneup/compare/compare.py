@@ -130,7 +130,9 @@ def _value(v: float | None, unit: str) -> str:
         return f"{v / 2**20:,.1f} MiB"
     if unit == "USD":
         return f"${v:.3g}"
-    return f"{v:,.4g} {unit}"
+    if unit == "ms":
+        return f"{v:,.2f} ms"  # as the report and `tuneup show` print a step
+    return f"{v:,.1f} {unit}"  # rates, as the report and `tuneup show` print them
 
 
 def _interval(r: MetricComparison) -> str:

@@ -1,7 +1,7 @@
 """One number per run for each compared metric, and the sides of a comparison: a run, a set, a baseline file.
 
 Steps within a run are autocorrelated and are not independent samples (DESIGN.md), so a run gives one
-figure per metric: its steady-state median (warm-up left out, as the report does). A side is a run
+figure per metric: the report's own headline figure (steady state, warm-up left out). A side is a run
 directory, a directory whose subdirectories are runs, or a committed baseline file (`tuneup baseline`).
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -17,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneup._version import __version__
-from tuneup.analyze.steady import steady_steps
-from tuneup.analyze.telemetry import run_telemetry
+from tuneup.analyze.analysis import analyze_run
 from tuneup.record import RunRecordError, load_run
 from tuneup.record.schema import MANIFEST_FILE, Run
 
@@ -40,6 +38,7 @@ class Metric:
 METRICS: dict[str, Metric] = {
     m.key: m
     for m in (
+        # The report's figures: throughput is the steady-state mean, step time the mean steady step.
         Metric("throughput", "throughput", "samples/s", True),
         Metric("step_time", "step time", "ms", False),
         Metric("peak_memory", "peak memory", "bytes", False),
@@ -100,62 +99,33 @@ def fingerprint(run: Run) -> dict[str, Any]:
 
 
 def summarize_run(run: Run) -> RunSummary:
-    """The run's steady-state medians: step time of the slowest rank (ranks step together), throughput as
-    the samples of one step on all ranks over that time."""
-    medians, samples_per_step, steady_counts = [], 0.0, []
-    samples_known = True
-    peak_gpu: list[float] = []
-    for rec in run.ranks.values():
-        steps = steady_steps(rec.steps)
-        if not steps:
-            continue
-        steady_counts.append(len(steps))
-        medians.append(statistics.median(s.wall_ms for s in steps))
-        samples = [s.samples for s in steps if s.samples is not None]
-        samples_known = samples_known and len(samples) == len(steps)
-        samples_per_step += statistics.median(samples) if samples else 0.0
-        peak_gpu.extend(float(s.peak_mem_bytes) for s in steps if s.peak_mem_bytes)
-    step_ms = max(medians) if medians else None
-    throughput, unit = None, "samples/s"
-    if step_ms:
-        if samples_known and samples_per_step > 0:
-            throughput = samples_per_step / (step_ms / 1000.0)
-        else:
-            throughput, unit = 1000.0 / step_ms, "steps/s"
-    memory, kind = (max(peak_gpu), "GPU allocated") if peak_gpu else (_peak_rss(run), "process RSS")
+    """The run's headline figures, as the report states them (one definition: tuneup.analyze.throughput):
+    steady-state mean throughput, the mean steady step, peak memory, and USD per sample at the recorded
+    price."""
+    analysis = analyze_run(run)
+    rates = analysis.throughput
+    throughput, unit = rates.samples_per_s, "samples/s"
+    if throughput is None and rates.steps_per_s is not None:
+        throughput, unit = rates.steps_per_s, "steps/s"
+    tel = analysis.telemetry
+    rss = [p.rss_bytes_max for p in tel.processes if p.rss_bytes_max is not None]
+    if tel.gpu_allocated_peak_bytes is not None:
+        memory, kind = float(tel.gpu_allocated_peak_bytes), "GPU allocated"
+    else:
+        memory, kind = (float(max(rss)) if rss else None), "process RSS"
+    samples_per_usd = analysis.cost.figures.samples_per_usd if analysis.cost is not None else None
     return RunSummary(
         run_id=run.run_id,
         path=str(run.path),
         throughput=throughput,
         throughput_unit=unit,
-        step_time_ms=step_ms,
+        step_time_ms=analysis.step_time.mean_ms,
         peak_memory_bytes=memory,
         memory_kind=kind if memory is not None else None,
-        usd_per_sample=_usd_per_sample(run, throughput if unit == "samples/s" else None),
-        steady_steps=min(steady_counts) if steady_counts else 0,
+        usd_per_sample=1.0 / samples_per_usd if samples_per_usd else None,
+        steady_steps=min((r.steps for r in analysis.step_time.per_rank), default=0),
         fingerprint=fingerprint(run),
     )
-
-
-def _peak_rss(run: Run) -> float | None:
-    """The largest resident memory of any rank's process tree, as the report's telemetry reads it."""
-    peaks = [p.rss_bytes.max() for p in run_telemetry(run, 0.0).processes if p.rss_bytes.values]
-    return max(peaks) if peaks else None  # type: ignore[type-var]
-
-
-def _usd_per_sample(run: Run, samples_per_s: float | None) -> float | None:
-    """The recorded price (if the run has one) over the throughput."""
-    if not samples_per_s:
-        return None
-    from tuneup.cost.pricing import price_for_run
-
-    recorded = run.manifest.raw.get("pricing")
-    if not isinstance(recorded, dict):
-        return None
-    price, _why, _warnings = price_for_run(
-        recorded, None, devices=run.world_size, nodes=run.manifest.num_nodes
-    )
-    return price.usd_per_hour / 3600.0 / samples_per_s if price is not None else None
 
 
 # -- sides -------------------------------------------------------------------------------------------
