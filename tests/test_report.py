@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tuneup.report import report_schema, write_report
-from tuneup.report.artifacts import SECTIONS
+from tuneup.report.sections import SECTIONS
 
 from synthetic import make_run
 
@@ -153,3 +154,26 @@ def test_a_failing_render_leaves_no_half_written_report(tmp_path: Path, monkeypa
     with pytest.raises(RuntimeError):
         write_report(run, out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the old report, whole; no new PNGs
+
+
+def test_the_committed_example_report_json_is_what_the_analysis_gives() -> None:
+    """report.json of the committed example is exactly the analysis of its committed run: a change to the
+    analysis, the model or its serialization that moves any figure shows here (regenerate the example
+    with `tuneup report reports/example/run -o reports/example --price-per-hour 1.20` when it is meant)."""
+    from tuneup.cost.figures import CostOptions
+    from tuneup.cost.pricing import PriceChoice
+    from tuneup.report import build_report
+
+    example = Path(__file__).resolve().parents[1] / "reports" / "example"
+    committed = json.loads((example / "report.json").read_text())
+    cwd = os.getcwd()
+    os.chdir(example.parents[1])  # the run's path is recorded relative to the repository
+    try:
+        now = build_report(
+            "reports/example/run", CostOptions(price=PriceChoice(price_per_hour=1.20, source="command line"))
+        )
+    finally:
+        os.chdir(cwd)
+    for volatile in ("generated_unix", "tuneup_version"):
+        committed.pop(volatile), now.pop(volatile)
+    assert now == committed
