@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import lightning.pytorch as L
 import pytest
 
@@ -159,6 +160,9 @@ def test_the_report_counts_the_interruption_and_the_work_it_cost(tmp_path: Path)
     assert section["lost_s"] == pytest.approx(second["downtime_before_s"] + second["redone_s"], rel=1e-3)
     assert report["run"]["path"] == str(run_dir / "segment-1")  # the figures are the last segment's
     assert any("2 segments" in w for w in report["warnings"])
+    from tuneup.report import report_schema
+
+    jsonschema.validate(report, report_schema())
 
     from tuneup.report import analyze, write_report
     from tuneup.report.terminal import render_terminal

@@ -21,9 +21,11 @@ from typing import Any, TypeVar
 
 REPORT_SCHEMA_VERSION = 1
 
-# Which statistic each headline figure is, said once, for the README, the report and the terminal alike.
-THROUGHPUT_STATISTIC = "steady state: samples over the time of the steps after warm-up, summed over ranks"
-STEP_TIME_STATISTIC = "steady state, every rank's steps after warm-up"
+# Which statistic the throughput is, said once for the report's sections and the terminal alike.
+THROUGHPUT_STATISTIC = (
+    "a steady-state mean: each rank's samples, tokens or optimizer steps after warm-up over those steps' "
+    "total time, so a slow step counts in full"
+)
 
 
 # -- run ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tuneup._stats import quantile
 from tuneup.analyze.model import RunAnalysis
@@ -30,6 +30,8 @@ MAX_LINES = 16
 EXTREMES = 3
 # Time bins for a band across hosts: about one per 4 px of a report-wide plot.
 BAND_BINS = 200
+
+T = TypeVar("T")
 
 STATISTICS = (("min", 0.0), ("p5", 0.05), ("median", 0.5), ("p95", 0.95), ("max", 1.0))
 
@@ -87,6 +89,22 @@ def rank_to_watch(analysis: RunAnalysis) -> tuple[int, str] | None:
     if analysis.ranks.slowest:
         return analysis.ranks.slowest[0].rank, "slowest step"
     return None
+
+
+def pick_extremes(
+    analysis: RunAnalysis,
+    items: Sequence[T],
+    rank_of: Callable[[T], int],
+    criteria: Sequence[tuple[str, Callable[[T], Any], bool]],
+) -> list[tuple[str, T]]:
+    """The entries at each extreme, labelled, per (label, key, highest first?) criterion, then the rank that
+    holds the others back (`rank_to_watch`): whatever else a table summarises, that rank's row is in it."""
+    picked = [(label, i) for label, key, high in criteria for i in (highest if high else lowest)(items, key)]
+    watch = rank_to_watch(analysis)
+    by_rank = {rank_of(i): i for i in items}
+    if watch is not None and watch[0] in by_rank:
+        picked.append((watch[1], by_rank[watch[0]]))
+    return picked
 
 
 def signed_percent(value: float, reference: float | None) -> str:

@@ -29,9 +29,7 @@ from tuneup.report.sections._scale import (
     EXTREMES,
     PER_ROW_LIMIT,
     every,
-    highest,
-    lowest,
-    rank_to_watch,
+    pick_extremes,
     spread_table,
 )
 
@@ -160,15 +158,16 @@ def _per_rank(analysis: RunAnalysis, ranks: list[RankComm]) -> list[Block]:
 
 def _extremes(analysis: RunAnalysis, ranks: list[RankComm]) -> Table | None:
     # A rank that spends the least time in collectives is the one the others wait for there.
-    picked: list[tuple[str, RankComm]] = [
-        *(("least time", r) for r in lowest(ranks, lambda r: r.comm_ms)),
-        *(("most time", r) for r in highest(ranks, lambda r: r.comm_ms)),
-        *(("most exposed", r) for r in highest(ranks, lambda r: r.exposed_ms)),
-    ]
-    slow = rank_to_watch(analysis)
-    by_rank = {r.rank: r for r in ranks}
-    if slow is not None and slow[0] in by_rank:
-        picked.append((slow[1], by_rank[slow[0]]))
+    picked = pick_extremes(
+        analysis,
+        ranks,
+        lambda r: r.rank,
+        (
+            ("least time", lambda r: r.comm_ms, False),
+            ("most time", lambda r: r.comm_ms, True),
+            ("most exposed", lambda r: r.exposed_ms, True),
+        ),
+    )
     hosts = analysis.run.hosts
     rows = [
         (which, *_rank_row(r)[:1], text(hosts.get(str(r.rank))), *_rank_row(r)[1:]) for which, r in picked

@@ -32,7 +32,7 @@ from tuneup.report.sections._scale import (
     PER_ROW_LIMIT,
     highest,
     lowest,
-    rank_to_watch,
+    pick_extremes,
     spread,
     spread_table,
 )
@@ -269,16 +269,17 @@ def _processes(analysis: RunAnalysis) -> list[Block]:
 
 
 def _process_extremes(analysis: RunAnalysis, processes: Sequence[ProcessTelemetry]) -> Table | None:
-    picked: list[tuple[str, ProcessTelemetry]] = [
-        *(("highest CPU", p) for p in highest(processes, lambda p: p.cpu_percent_mean)),
-        *(("lowest CPU", p) for p in lowest(processes, lambda p: p.cpu_percent_mean)),
-        *(("largest RSS", p) for p in highest(processes, lambda p: p.rss_bytes_max)),
-    ]
-    # The rank that holds the others back: its process is the first place to look.
-    slow = rank_to_watch(analysis)
-    by_rank = {p.rank: p for p in processes}
-    if slow is not None and slow[0] in by_rank:
-        picked.append((slow[1], by_rank[slow[0]]))
+    # The rank that holds the others back is picked too: its process is the first place to look.
+    picked = pick_extremes(
+        analysis,
+        processes,
+        lambda p: p.rank,
+        (
+            ("highest CPU", lambda p: p.cpu_percent_mean, True),
+            ("lowest CPU", lambda p: p.cpu_percent_mean, False),
+            ("largest RSS", lambda p: p.rss_bytes_max, True),
+        ),
+    )
     hosts = analysis.run.hosts
     rows = [
         (

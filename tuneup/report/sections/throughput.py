@@ -37,11 +37,7 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
             (1, 2, 3),
             total=True,
         ),
-        Paragraph(
-            f"How the rates are computed ({THROUGHPUT_STATISTIC}): a rank's rate is the samples, tokens or "
-            "optimizer steps of its steps after warm-up over those steps' total time, a steady-state mean "
-            "in which a slow step counts in full."
-        ),
+        Paragraph(f"How the rates are computed: {THROUGHPUT_STATISTIC}."),
         Paragraph(
             "For all ranks, samples and tokens add up; optimizer steps/s is the slowest rank's, since ranks "
             "step together."
