@@ -36,13 +36,14 @@ def test_report_show_compare_and_loggers_state_the_same_figures(tmp_path: Path) 
     samples_per_s, mean_ms = analysis.throughput.samples_per_s, analysis.step_time.mean_ms
     assert samples_per_s and mean_ms and analysis.cost is not None and analysis.cost.priced
 
-    # report.json holds the analysis's figures.
+    # report.json holds the analysis's figures, rounded at the edge (3 decimals; money to 9 digits).
     written = write_report(out, tmp_path / "report", "json")
     document = json.loads(written.files[0].read_text())
-    assert document["throughput"]["samples_per_s"] == samples_per_s
-    assert document["step_time"]["mean_ms"] == mean_ms
+    assert document["throughput"]["samples_per_s"] == round(samples_per_s, 3)
+    assert document["step_time"]["mean_ms"] == round(mean_ms, 3)
     samples_per_usd = analysis.cost.figures.samples_per_usd
-    assert document["cost"]["figures"]["samples_per_usd"] == samples_per_usd
+    assert samples_per_usd is not None
+    assert document["cost"]["figures"]["samples_per_usd"] == float(f"{samples_per_usd:.9g}")
 
     # `tuneup show` prints them, under the labels the report uses.
     shown = subprocess.run(

@@ -19,3 +19,9 @@ def rounded(value: float | None, digits: int = 3) -> float | None:
     """`value` rounded for a report; None (a figure that could not be measured) for None, and for NaN or
     infinity (a rate over a duration too small to divide by), which JSON cannot hold."""
     return None if value is None or not math.isfinite(value) else round(float(value), digits)
+
+
+def finite(value: float | None) -> float | None:
+    """`value` as a figure: None (not measured) for None, and for NaN or infinity (a rate over a duration
+    too small to divide by). The analysis keeps full precision; report.json rounds at the edge."""
+    return None if value is None or not math.isfinite(value) else float(value)

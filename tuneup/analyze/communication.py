@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from tuneup._stats import rounded as _r
+from tuneup._stats import finite
 from tuneup.analyze.interconnect import GB, collective_table, fit_alpha_beta, link_verdict
 from tuneup.analyze.model import (
     BucketTime,
@@ -44,8 +44,8 @@ def _late_rank(per_rank: list[RankComm]) -> LateRank | None:
         return None
     return LateRank(
         rank=rank,
-        comm_ms=_r(comm_ms),
-        others_comm_ms=_r(others),
+        comm_ms=finite(comm_ms),
+        others_comm_ms=finite(others),
         summary=(
             f"rank {rank} arrives late at the collectives: its collectives take "
             f"{comm_ms:.1f} ms per step against {others:.1f} ms on the other ranks, which wait "
@@ -71,10 +71,10 @@ def _fits(records: list[CollectiveRecord], world_size: int) -> list[CollectiveFi
         out.append(
             CollectiveFit(
                 kind=kind,
-                alpha_us=_r(fit.alpha_s * 1e6),
-                beta_ns_per_byte=_r(fit.beta_s_per_byte * 1e9, 6),
-                busbw_gbytes_per_s=_r(fit.busbw_bytes_per_s / GB if fit.busbw_bytes_per_s else None),
-                r_squared=_r(fit.r_squared, 4),
+                alpha_us=finite(fit.alpha_s * 1e6),
+                beta_ns_per_byte=finite(fit.beta_s_per_byte * 1e9),
+                busbw_gbytes_per_s=finite(fit.busbw_bytes_per_s / GB if fit.busbw_bytes_per_s else None),
+                r_squared=finite(fit.r_squared),
                 points=fit.points,
                 sizes=fit.sizes,
                 notes=list(fit.notes),
@@ -92,10 +92,10 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Comm
             RankComm(
                 rank=rank,
                 steps_with_comm=len(timed),
-                comm_ms=_r(_mean([s.comm_ms for s in timed])),  # type: ignore[misc]
-                exposed_ms=_r(_mean([s.comm_exposed_ms for s in timed if s.comm_exposed_ms is not None])),
-                bytes_per_step=_r(_mean([s.comm_bytes for s in timed if s.comm_bytes is not None]), 0),
-                collectives_per_step=_r(_mean([s.comm_count for s in timed if s.comm_count is not None]), 1),
+                comm_ms=finite(_mean([s.comm_ms for s in timed])),  # type: ignore[misc]
+                exposed_ms=finite(_mean([s.comm_exposed_ms for s in timed if s.comm_exposed_ms is not None])),
+                bytes_per_step=finite(_mean([s.comm_bytes for s in timed if s.comm_bytes is not None])),
+                collectives_per_step=finite(_mean([s.comm_count for s in timed if s.comm_count is not None])),
             )
         )
     records = [c for rec in run.ranks.values() for c in rec.collectives]
@@ -143,12 +143,12 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Comm
                 name=link.name,
                 reason=link.reason,
                 source=link.source,
-                measured_busbw_gbytes_per_s=_r(biggest.busbw_gbytes_per_s),
+                measured_busbw_gbytes_per_s=finite(biggest.busbw_gbytes_per_s),
                 reference=verdict.reference,
-                reference_gbytes_per_s=_r(
+                reference_gbytes_per_s=finite(
                     verdict.reference_bytes_per_s / GB if verdict.reference_bytes_per_s else None
                 ),
-                ratio=_r(verdict.ratio, 4),
+                ratio=finite(verdict.ratio),
                 far_below=verdict.far_below,
                 summary=verdict.sentence,
             )
@@ -158,11 +158,11 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Comm
         world_size=world,
         ranks_per_node=comm_env.get("ranks_per_node"),
         nccl_version=comm_env.get("nccl_version"),
-        comm_ms_per_step=_r(comm),
-        share_of_step=_r(comm / wall if comm is not None and wall else None, 4),
-        exposed_ms_per_step=_r(exposed),
-        overlapped_ms_per_step=_r(comm - exposed if comm is not None and exposed is not None else None),
-        exposed_share_of_step=_r(exposed / wall if exposed is not None and wall else None, 4),
+        comm_ms_per_step=finite(comm),
+        share_of_step=finite(comm / wall if comm is not None and wall else None),
+        exposed_ms_per_step=finite(exposed),
+        overlapped_ms_per_step=finite(comm - exposed if comm is not None and exposed is not None else None),
+        exposed_share_of_step=finite(exposed / wall if exposed is not None and wall else None),
         per_rank=per_rank,
         per_bucket=[
             BucketTime(
@@ -170,7 +170,7 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Comm
                 kind=kind,
                 bytes=nbytes,
                 dtype=dtypes[(bucket, kind, nbytes)],
-                median_ms=_r(statistics.median(times)),
+                median_ms=finite(statistics.median(times)),
                 count=len(times),
             )
             for (bucket, kind, nbytes), times in sorted(buckets.items())
@@ -180,9 +180,9 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Comm
                 kind=row.kind,
                 bytes=row.size_bytes,
                 count=row.count,
-                median_us=_r(row.median_time_us, 1),
-                algbw_gbytes_per_s=_r(row.algbw_gbytes_per_s, 4),
-                busbw_gbytes_per_s=_r(row.busbw_gbytes_per_s, 4),
+                median_us=finite(row.median_time_us),
+                algbw_gbytes_per_s=finite(row.algbw_gbytes_per_s),
+                busbw_gbytes_per_s=finite(row.busbw_gbytes_per_s),
             )
             for row in table
         ],
@@ -192,7 +192,7 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Comm
         ddp_logging=None
         if ddp is None
         else {
-            f"{k}_ms": _r(ddp[k] / 1e6)  # type: ignore[misc]  # DDP reports nanoseconds
+            f"{k}_ms": finite(ddp[k] / 1e6)  # type: ignore[misc]  # DDP reports nanoseconds
             for k in (
                 "avg_backward_comm_time",
                 "avg_backward_compute_comm_overlap_time",

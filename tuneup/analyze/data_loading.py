@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from tuneup._stats import rounded as _r
+from tuneup._stats import finite
 from tuneup.analyze.model import DataLoading, Stall
 from tuneup.record.schema import Run, StepRecord
 
@@ -19,7 +19,7 @@ def data_loading(run: Run, steady: dict[int, list[StepRecord]], step_median_ms: 
     median_data = statistics.median(data_all) if data_all else 0.0
     threshold = max(STALL_FACTOR_OF_MEDIAN * median_data, STALL_SHARE_OF_STEP * (step_median_ms or 0.0))
     stalls = [
-        Stall(rank=rank, step=s.step, data_ms=_r(s.data_ms), wall_ms=_r(s.wall_ms))  # type: ignore[arg-type]
+        Stall(rank=rank, step=s.step, data_ms=finite(s.data_ms), wall_ms=finite(s.wall_ms))  # type: ignore[arg-type]
         for rank, steps in sorted(steady.items())
         for s in steps
         if s.data_ms > threshold and not s.checkpoint
@@ -27,10 +27,10 @@ def data_loading(run: Run, steady: dict[int, list[StepRecord]], step_median_ms: 
     stalls.sort(key=lambda x: -x.data_ms)
     dl = run.manifest.dataloader
     return DataLoading(
-        median_data_ms=_r(median_data),
-        stall_threshold_ms=_r(threshold),
+        median_data_ms=finite(median_data),
+        stall_threshold_ms=finite(threshold),
         stall_count=len(stalls),
-        stall_total_ms=_r(sum(x.data_ms for x in stalls)),
+        stall_total_ms=finite(sum(x.data_ms for x in stalls)),
         worst_stalls=stalls[:WORST_STALLS],
         num_workers=dl.get("num_workers"),
         pin_memory=dl.get("pin_memory"),

@@ -15,16 +15,10 @@ import dataclasses
 import math
 import statistics
 
-from tuneup._stats import rounded
+from tuneup._stats import finite
 from tuneup.analyze.model import Interruptions, Segment
 from tuneup.analyze.steady import steady_steps
 from tuneup.record.schema import Run
-
-
-def _r(value: float | None) -> float | None:
-    # Milliseconds matter in redone work and save times: keep six decimals of a second.
-    return rounded(value, 6)
-
 
 # Without an observed interruption the interval is shown for this MTBF, as an example only.
 EXAMPLE_MTBF_S = 24 * 3600.0
@@ -74,10 +68,10 @@ def _segment(run: Run) -> Segment:
         world_size=run.world_size,
         first_step=min((s.step for s in steps), default=None),
         last_step=max((s.step for s in steps), default=None),
-        start_unix=_r(min(starts)) if starts else None,
-        end_unix=_r(max(s.t_end for s in steps)) if steps else None,
+        start_unix=finite(min(starts)) if starts else None,
+        end_unix=finite(max(s.t_end for s in steps)) if steps else None,
         status=statuses,
-        step_ms=_r(_steady_ms(run)),
+        step_ms=finite(_steady_ms(run)),
     )
 
 
@@ -94,7 +88,9 @@ def _after_interruption(before: Segment, after: Segment) -> Segment:
         else None
     )
     redo_s = redone * before.step_ms / 1000.0 if redone is not None and before.step_ms else None
-    return dataclasses.replace(after, downtime_before_s=_r(gap), redone_steps=redone, redone_s=_r(redo_s))
+    return dataclasses.replace(
+        after, downtime_before_s=finite(gap), redone_steps=redone, redone_s=finite(redo_s)
+    )
 
 
 def interruptions_section(segments: list[Run], usd_per_device_hour: float | None = None) -> Interruptions:
@@ -113,13 +109,13 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
     usd_all = usd_lost = None
     if usd_per_device_hour is not None:
         # Devices were paid while they ran, whatever became of the work; lost work is paid twice.
-        usd_all = _r(
+        usd_all = finite(
             sum(
                 (r.end_unix - r.start_unix) / 3600.0 * usd_per_device_hour * r.world_size  # type: ignore[operator]
                 for r in span
             )
         )
-        usd_lost = _r(
+        usd_lost = finite(
             sum(
                 ((r.downtime_before_s or 0.0) + (r.redone_s or 0.0))
                 / 3600.0
@@ -131,17 +127,17 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
     return Interruptions(
         segments=rows,
         interruptions=interruptions,
-        downtime_s=_r(downtime_s),
-        redone_s=_r(redone_s),
-        lost_s=_r(downtime_s + redone_s),
-        run_s=_r(run_s),
-        checkpoint_save_s=_r(save_s),
+        downtime_s=finite(downtime_s),
+        redone_s=finite(redone_s),
+        lost_s=finite(downtime_s + redone_s),
+        run_s=finite(run_s),
+        checkpoint_save_s=finite(save_s),
         checkpoint_saves_seen=saves,
-        mtbf_s=_r(mtbf_s),
-        recommended_checkpoint_interval_s=_r(young_daly_interval_s(save_s, mtbf_s))
+        mtbf_s=finite(mtbf_s),
+        recommended_checkpoint_interval_s=finite(young_daly_interval_s(save_s, mtbf_s))
         if save_s and mtbf_s
         else None,
-        example_interval_s=_r(young_daly_interval_s(save_s, EXAMPLE_MTBF_S)) if save_s else None,
+        example_interval_s=finite(young_daly_interval_s(save_s, EXAMPLE_MTBF_S)) if save_s else None,
         example_mtbf_s=EXAMPLE_MTBF_S,
         rule="Young/Daly: interval = sqrt(2 x checkpoint save time x mean time between interruptions)",
         usd_all_segments=usd_all,

@@ -21,6 +21,19 @@ from typing import Any, TypeVar
 
 REPORT_SCHEMA_VERSION = 1
 
+
+# How report.json writes a figure: the analysis keeps full precision, and `to_json` rounds at the edge, by
+# the rule its field declares (for a list or a mapping of figures, each of them).
+def decimals(places: int, default: Any = dataclasses.MISSING) -> Any:
+    """A float field written with `places` decimals (milliseconds to the microsecond: 3)."""
+    return field(default=default, metadata={"round": ("decimals", places)})
+
+
+def significant(digits: int, default: Any = dataclasses.MISSING) -> Any:
+    """A float field written with `digits` significant digits (money and FLOPs span many magnitudes)."""
+    return field(default=default, metadata={"round": ("significant", digits)})
+
+
 # Which statistic the throughput is, said once for the report's sections and the terminal alike.
 THROUGHPUT_STATISTIC = (
     "a steady-state mean: each rank's samples, tokens or optimizer steps after warm-up over those steps' "
@@ -65,9 +78,9 @@ class RunInfo:
     parameters: int | None
     trainable_parameters: int | None
     hardware: Hardware
-    start_unix: float | None
-    end_unix: float | None
-    duration_s: float | None
+    start_unix: float | None = decimals(3)
+    end_unix: float | None = decimals(3)
+    duration_s: float | None = decimals(3)
     steps_recorded: int
     last_step: int | None
     status: dict[str, str]  # rank -> how its record ended
@@ -79,7 +92,7 @@ class RunInfo:
 class Warmup:
     steps: int
     per_rank: dict[str, int]
-    share: float  # of the recorded steps
+    share: float = decimals(4)  # of the recorded steps
     first_steady_step: int | None
     rule: str
 
@@ -90,9 +103,9 @@ class Warmup:
 @dataclass(frozen=True, slots=True)
 class RankThroughput:
     rank: int
-    samples_per_s: float | None
-    tokens_per_s: float | None
-    steps_per_s: float | None
+    samples_per_s: float | None = decimals(3)
+    tokens_per_s: float | None = decimals(3)
+    steps_per_s: float | None = decimals(3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,45 +113,45 @@ class Throughput:
     """Steady-state rates: the samples (tokens, steps) of the steps after warm-up over their time. This is
     what the job delivers per second it is paid for, so it is mean-based; see THROUGHPUT_STATISTIC."""
 
-    samples_per_s: float | None  # summed over ranks
-    tokens_per_s: float | None  # summed over ranks
-    steps_per_s: float | None  # the slowest rank's: ranks step together
+    samples_per_s: float | None = decimals(3)  # summed over ranks
+    tokens_per_s: float | None = decimals(3)  # summed over ranks
+    steps_per_s: float | None = decimals(3)  # the slowest rank's: ranks step together
     per_rank: list[RankThroughput]
 
 
 @dataclass(frozen=True, slots=True)
 class PhaseTime:
-    ms: float  # mean per step
-    share: float  # of the mean step
+    ms: float = decimals(3)  # mean per step
+    share: float = decimals(4)  # of the mean step
 
 
 @dataclass(frozen=True, slots=True)
 class Quantiles:
-    min: float
-    p5: float
-    p25: float
-    p50: float
-    p75: float
-    p95: float
-    max: float
+    min: float = decimals(3)
+    p5: float = decimals(3)
+    p25: float = decimals(3)
+    p50: float = decimals(3)
+    p75: float = decimals(3)
+    p95: float = decimals(3)
+    max: float = decimals(3)
 
 
 @dataclass(frozen=True, slots=True)
 class RankStepTime:
     rank: int
     steps: int
-    median_ms: float
-    p95_ms: float
-    phase_median_ms: dict[str, float]
-    phase_mean_ms: dict[str, float]
+    median_ms: float = decimals(3)
+    p95_ms: float = decimals(3)
+    phase_median_ms: dict[str, float] = decimals(3)
+    phase_mean_ms: dict[str, float] = decimals(3)
     distribution_ms: Quantiles
 
 
 @dataclass(frozen=True, slots=True)
 class StepTime:
-    median_ms: float | None
-    mean_ms: float | None  # the step the throughput is made of
-    p95_ms: float | None
+    median_ms: float | None = decimals(3)
+    mean_ms: float | None = decimals(3)  # the step the throughput is made of
+    p95_ms: float | None = decimals(3)
     phases: dict[str, PhaseTime]  # data, forward, backward, optimizer, other: means over all ranks
     per_rank: list[RankStepTime]
 
@@ -149,22 +162,22 @@ class StepTime:
 @dataclass(frozen=True, slots=True)
 class RankSeries:
     step: list[int]
-    t_s: list[float]
-    step_time_ms: list[float]
+    t_s: list[float] = decimals(3)
+    step_time_ms: list[float] = decimals(3)
 
 
 @dataclass(frozen=True, slots=True)
 class ThroughputSeries:
     step: list[int]
-    samples_per_s: list[float]
-    tokens_per_s: list[float | None]
+    samples_per_s: list[float] = decimals(3)
+    tokens_per_s: list[float | None] = decimals(3)
 
 
 @dataclass(frozen=True, slots=True)
 class LossSeries:
     rank: int | None
     step: list[int]
-    values: list[float]
+    values: list[float] = decimals(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,12 +195,12 @@ class TimeSeries:
 class StragglerInfo:
     rank: int
     phase: str
-    excess_ms: float | None
-    phase_ms: float | None
-    others_phase_ms: float | None
-    others_wait_ms: float | None
-    step_ms: float | None
-    share_of_step: float | None
+    excess_ms: float | None = decimals(3)
+    phase_ms: float | None = decimals(3)
+    others_phase_ms: float | None = decimals(3)
+    others_wait_ms: float | None = decimals(3)
+    step_ms: float | None = decimals(3)
+    share_of_step: float | None = decimals(4)
     summary: str
 
 
@@ -197,7 +210,7 @@ class RankStep:
 
     rank: int
     host: str | None
-    median_ms: float
+    median_ms: float = decimals(3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +219,10 @@ class HostRanks:
 
     host: str
     ranks: int
-    median_ms: float  # the median of its ranks' median steps
+    median_ms: float = decimals(3)  # the median of its ranks' median steps
     slowest_rank: int
-    slowest_median_ms: float
-    fastest_median_ms: float
+    slowest_median_ms: float = decimals(3)
+    fastest_median_ms: float = decimals(3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,16 +243,16 @@ class Ranks:
 class Stall:
     rank: int
     step: int
-    data_ms: float
-    wall_ms: float
+    data_ms: float = decimals(3)
+    wall_ms: float = decimals(3)
 
 
 @dataclass(frozen=True, slots=True)
 class DataLoading:
-    median_data_ms: float | None
-    stall_threshold_ms: float | None
+    median_data_ms: float | None = decimals(3)
+    stall_threshold_ms: float | None = decimals(3)
     stall_count: int
-    stall_total_ms: float | None
+    stall_total_ms: float | None = decimals(3)
     worst_stalls: list[Stall]
     num_workers: int | None
     pin_memory: bool | None
@@ -252,8 +265,8 @@ class DataLoading:
 
 @dataclass(frozen=True, slots=True)
 class Series:
-    t_s: list[float]  # seconds since the run's start
-    values: list[float]
+    t_s: list[float] = decimals(3)  # seconds since the run's start
+    values: list[float] = decimals(3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,17 +282,17 @@ class GpuTelemetry:
     index: int
     bus_id: str | None
     lost: bool
-    util_percent_mean: float | None
-    util_percent_max: float | None
+    util_percent_mean: float | None = decimals(1)
+    util_percent_max: float | None = decimals(1)
     mem_used_bytes_max: int | None
     mem_total_bytes: int | None
-    power_w_mean: float | None
-    power_w_max: float | None
-    energy_j: float | None
-    energy_span_s: float | None
+    power_w_mean: float | None = decimals(1)
+    power_w_max: float | None = decimals(1)
+    energy_j: float | None = decimals(1)
+    energy_span_s: float | None = decimals(3)
     energy_source: str | None
     temp_c_max: float | None
-    sm_clock_mhz_mean: float | None
+    sm_clock_mhz_mean: float | None = decimals(0)
     throttle_reasons: list[str]
     series: GpuSeries
 
@@ -293,7 +306,7 @@ class ProcessSeries:
 @dataclass(frozen=True, slots=True)
 class ProcessTelemetry:
     rank: int
-    cpu_percent_mean: float | None  # 100 = one core
+    cpu_percent_mean: float | None = decimals(1)  # 100 = one core
     rss_bytes_max: int | None
     series: ProcessSeries
 
@@ -315,11 +328,11 @@ class HostSeries:
 @dataclass(frozen=True, slots=True)
 class HostTelemetry:
     host: str | None
-    cpu_percent_mean: float | None
+    cpu_percent_mean: float | None = decimals(1)
     mem_used_bytes_max: int | None
     mem_total_bytes: int | None
-    disk_read_bytes_per_s: float | None
-    disk_write_bytes_per_s: float | None
+    disk_read_bytes_per_s: float | None = decimals(1)
+    disk_write_bytes_per_s: float | None = decimals(1)
     net_bytes_per_s: dict[str, NetRate]  # interface -> rates
     series: HostSeries
 
@@ -359,10 +372,10 @@ class Environment:
 class RankComm:
     rank: int
     steps_with_comm: int
-    comm_ms: float | None
-    exposed_ms: float | None
-    bytes_per_step: float | None
-    collectives_per_step: float | None
+    comm_ms: float | None = decimals(3)
+    exposed_ms: float | None = decimals(3)
+    bytes_per_step: float | None = decimals(0)
+    collectives_per_step: float | None = decimals(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +384,7 @@ class BucketTime:
     kind: str
     bytes: int
     dtype: str | None
-    median_ms: float | None
+    median_ms: float | None = decimals(3)
     count: int
 
 
@@ -380,18 +393,18 @@ class SizeTime:
     kind: str
     bytes: int
     count: int
-    median_us: float | None
-    algbw_gbytes_per_s: float | None
-    busbw_gbytes_per_s: float | None
+    median_us: float | None = decimals(1)
+    algbw_gbytes_per_s: float | None = decimals(4)
+    busbw_gbytes_per_s: float | None = decimals(4)
 
 
 @dataclass(frozen=True, slots=True)
 class CollectiveFit:
     kind: str
-    alpha_us: float | None
-    beta_ns_per_byte: float | None
-    busbw_gbytes_per_s: float | None
-    r_squared: float | None
+    alpha_us: float | None = decimals(3)
+    beta_ns_per_byte: float | None = decimals(6)
+    busbw_gbytes_per_s: float | None = decimals(3)
+    r_squared: float | None = decimals(4)
     points: int
     sizes: int
     notes: list[str]
@@ -404,10 +417,10 @@ class LinkCheck:
     name: str
     reason: str
     source: str | None
-    measured_busbw_gbytes_per_s: float | None = None
+    measured_busbw_gbytes_per_s: float | None = decimals(3, default=None)
     reference: str | None = None
-    reference_gbytes_per_s: float | None = None
-    ratio: float | None = None
+    reference_gbytes_per_s: float | None = decimals(3, default=None)
+    ratio: float | None = decimals(4, default=None)
     far_below: bool | None = None
     summary: str | None = None
 
@@ -415,8 +428,8 @@ class LinkCheck:
 @dataclass(frozen=True, slots=True)
 class LateRank:
     rank: int
-    comm_ms: float | None
-    others_comm_ms: float | None
+    comm_ms: float | None = decimals(3)
+    others_comm_ms: float | None = decimals(3)
     summary: str
 
 
@@ -426,18 +439,18 @@ class Communication:
     world_size: int
     ranks_per_node: int | None
     nccl_version: str | None
-    comm_ms_per_step: float | None
-    share_of_step: float | None
-    exposed_ms_per_step: float | None
-    overlapped_ms_per_step: float | None
-    exposed_share_of_step: float | None
+    comm_ms_per_step: float | None = decimals(3)
+    share_of_step: float | None = decimals(4)
+    exposed_ms_per_step: float | None = decimals(3)
+    overlapped_ms_per_step: float | None = decimals(3)
+    exposed_share_of_step: float | None = decimals(4)
     per_rank: list[RankComm]
     per_bucket: list[BucketTime]
     by_size: list[SizeTime]
     fits: list[CollectiveFit]
     link: LinkCheck | None
     late_rank: LateRank | None
-    ddp_logging: dict[str, float] | None
+    ddp_logging: dict[str, float] | None = decimals(3)
 
 
 # -- cost --------------------------------------------------------------------------------------------
@@ -484,22 +497,22 @@ class Price:
 
 @dataclass(frozen=True, slots=True)
 class Money:
-    usd_per_hour: float | None
-    samples_per_usd: float | None
-    tokens_per_usd: float | None
-    usd_per_million_tokens: float | None
-    usd_per_epoch: float | None
-    usd_so_far: float | None
+    usd_per_hour: float | None = significant(9)
+    samples_per_usd: float | None = significant(9)
+    tokens_per_usd: float | None = significant(9)
+    usd_per_million_tokens: float | None = significant(9)
+    usd_per_epoch: float | None = significant(9)
+    usd_so_far: float | None = significant(9)
 
 
 @dataclass(frozen=True, slots=True)
 class Projection:
     target: str
-    total_steps: float | None
-    steps_remaining: float | None
-    time_s: float | None
-    usd: float | None
-    usd_spot: float | None
+    total_steps: float | None = significant(9)
+    steps_remaining: float | None = significant(9)
+    time_s: float | None = significant(9)
+    usd: float | None = significant(9)
+    usd_spot: float | None = significant(9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,11 +520,11 @@ class Compute:
     """Achieved FLOP/s and MFU; `note` says why a figure is missing."""
 
     source: str | None
-    flops_per_step: float | None
-    achieved_tflops_per_s: float | None
-    flops_per_sample: float | None = None
-    achieved_tflops_per_s_per_device: float | None = None
-    mfu: float | None = None
+    flops_per_step: float | None = significant(9)
+    achieved_tflops_per_s: float | None = significant(9)
+    flops_per_sample: float | None = significant(9, default=None)
+    achieved_tflops_per_s_per_device: float | None = significant(9, default=None)
+    mfu: float | None = significant(4, default=None)
     note: str | None = None
     gpu: str | None = None
     peak_precision: str | None = None
@@ -524,14 +537,14 @@ class Energy:
     source: str | None
     note: str
     gpus: int | None = None
-    span_s: float | None = None
-    energy_kwh: float | None = None
-    mean_power_w: float | None = None
-    j_per_step: float | None = None
-    kwh_per_million_tokens: float | None = None
+    span_s: float | None = significant(9, default=None)
+    energy_kwh: float | None = significant(9, default=None)
+    mean_power_w: float | None = significant(9, default=None)
+    j_per_step: float | None = significant(9, default=None)
+    kwh_per_million_tokens: float | None = significant(9, default=None)
     electricity_usd_per_kwh: float | None = None
-    electricity_usd: float | None = None
-    electricity_usd_per_million_tokens: float | None = None
+    electricity_usd: float | None = significant(9, default=None)
+    electricity_usd_per_million_tokens: float | None = significant(9, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,9 +552,9 @@ class Cost:
     priced: bool
     price: Price | None
     not_priced_reason: str | None
-    steps_per_epoch: float | None
+    steps_per_epoch: float | None = significant(9)
     steps_per_epoch_basis: str
-    epoch_s: float | None
+    epoch_s: float | None = significant(9)
     figures: Money
     figures_spot: Money | None  # the same job at the spot price, where the catalog has one
     projections: list[Projection]
@@ -562,32 +575,32 @@ class Segment:
     world_size: int
     first_step: int | None
     last_step: int | None
-    start_unix: float | None
-    end_unix: float | None
+    start_unix: float | None = decimals(6)
+    end_unix: float | None = decimals(6)
     status: list[str]
-    step_ms: float | None
-    downtime_before_s: float | None = None
+    step_ms: float | None = decimals(6)
+    downtime_before_s: float | None = decimals(6, default=None)
     redone_steps: int | None = None
-    redone_s: float | None = None
+    redone_s: float | None = decimals(6, default=None)
 
 
 @dataclass(frozen=True, slots=True)
 class Interruptions:
     segments: list[Segment]
     interruptions: int
-    downtime_s: float | None
-    redone_s: float | None
-    lost_s: float | None
-    run_s: float | None
-    checkpoint_save_s: float | None
+    downtime_s: float | None = decimals(6)
+    redone_s: float | None = decimals(6)
+    lost_s: float | None = decimals(6)
+    run_s: float | None = decimals(6)
+    checkpoint_save_s: float | None = decimals(6)
     checkpoint_saves_seen: int
-    mtbf_s: float | None
-    recommended_checkpoint_interval_s: float | None
-    example_interval_s: float | None
+    mtbf_s: float | None = decimals(6)
+    recommended_checkpoint_interval_s: float | None = decimals(6)
+    example_interval_s: float | None = decimals(6)
     example_mtbf_s: float
     rule: str
-    usd_all_segments: float | None = None
-    usd_lost: float | None = None
+    usd_all_segments: float | None = decimals(6, default=None)
+    usd_lost: float | None = decimals(6, default=None)
 
 
 # -- findings and the whole ---------------------------------------------------------------------------
@@ -627,17 +640,23 @@ class RunAnalysis:
 # -- JSON --------------------------------------------------------------------------------------------
 
 
-def to_json(value: Any) -> Any:
-    """A dataclass tree as plain JSON values: dataclasses become objects in field order, and a non-finite
-    float becomes null (report.json is strict JSON)."""
+def to_json(value: Any, rule: tuple[str, int] | None = None) -> Any:
+    """A dataclass tree as plain JSON values: dataclasses become objects in field order, each float is
+    rounded by its field's rule, and a non-finite float becomes null (report.json is strict JSON)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: to_json(getattr(value, f.name), f.metadata.get("round"))
+            for f in dataclasses.fields(value)
+        }
     if isinstance(value, dict):
-        return {str(k): to_json(v) for k, v in value.items()}
+        return {str(k): to_json(v, rule) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [to_json(v) for v in value]
+        return [to_json(v, rule) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if rule is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        kind, n = rule
+        return round(float(value), n) if kind == "decimals" else float(f"{value:.{n}g}")
     return value
 
 

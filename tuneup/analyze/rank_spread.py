@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from tuneup._stats import rounded as _r
+from tuneup._stats import finite
 from tuneup.analyze.model import HostRanks, Ranks, RankStep, StragglerInfo
 from tuneup.analyze.ranks import RankProfile, Straggler
 from tuneup.analyze.throughput import quantiles
@@ -21,12 +21,12 @@ def straggler_info(straggler: Straggler | None) -> StragglerInfo | None:
     return StragglerInfo(
         rank=straggler.rank,
         phase=straggler.phase_name,
-        excess_ms=_r(straggler.excess_ms),
-        phase_ms=_r(straggler.phase_ms),
-        others_phase_ms=_r(straggler.others_phase_ms),
-        others_wait_ms=_r(straggler.others_wait_ms),
-        step_ms=_r(straggler.step_ms),
-        share_of_step=_r(straggler.share_of_step, 4),
+        excess_ms=finite(straggler.excess_ms),
+        phase_ms=finite(straggler.phase_ms),
+        others_phase_ms=finite(straggler.others_phase_ms),
+        others_wait_ms=finite(straggler.others_wait_ms),
+        step_ms=finite(straggler.step_ms),
+        share_of_step=finite(straggler.share_of_step),
         summary=straggler.sentence(),
     )
 
@@ -38,7 +38,7 @@ def ranks_section(profiles: list[RankProfile], straggler: Straggler | None, host
     k = min(EXTREME_RANKS, len(profiles) // 2)
 
     def row(p: RankProfile) -> RankStep:
-        return RankStep(rank=p.rank, host=hosts.get(p.rank), median_ms=_r(p.median_step_ms))  # type: ignore[arg-type]
+        return RankStep(rank=p.rank, host=hosts.get(p.rank), median_ms=finite(p.median_step_ms))  # type: ignore[arg-type]
 
     grouped: dict[str, list[RankProfile]] = defaultdict(list)
     for p in profiles:
@@ -50,10 +50,10 @@ def ranks_section(profiles: list[RankProfile], straggler: Straggler | None, host
             HostRanks(
                 host=host,
                 ranks=len(members),
-                median_ms=_r(statistics.median(p.median_step_ms for p in members)),  # type: ignore[arg-type]
+                median_ms=finite(statistics.median(p.median_step_ms for p in members)),  # type: ignore[arg-type]
                 slowest_rank=slowest.rank,
-                slowest_median_ms=_r(slowest.median_step_ms),  # type: ignore[arg-type]
-                fastest_median_ms=_r(min(p.median_step_ms for p in members)),  # type: ignore[arg-type]
+                slowest_median_ms=finite(slowest.median_step_ms),  # type: ignore[arg-type]
+                fastest_median_ms=finite(min(p.median_step_ms for p in members)),  # type: ignore[arg-type]
             )
         )
     return Ranks(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuneup._stats import rounded as _r
+from tuneup._stats import finite
 from tuneup.analyze.model import Hardware, RunInfo, Warmup
 from tuneup.record.schema import Run
 
@@ -55,9 +55,9 @@ def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
             gpus_per_node=len(gpus),
             driver_version=(m.gpus or {}).get("driver_version"),
         ),
-        start_unix=_r(t0),
-        end_unix=_r(t_end),
-        duration_s=_r(t_end - t0),
+        start_unix=finite(t0),
+        end_unix=finite(t_end),
+        duration_s=finite(t_end - t0),
         steps_recorded=max((len(rec.steps) for rec in run.ranks.values()), default=0),
         last_step=max((rec.steps[-1].step for rec in run.ranks.values() if rec.steps), default=None),
         status={
@@ -81,7 +81,7 @@ def warmup(run: Run, warm: dict[int, int], first_steady_step: int | None) -> War
     return Warmup(
         steps=steps,
         per_rank={str(r): n for r, n in sorted(warm.items())},
-        share=round(steps / recorded, 4) if recorded else 0.0,
+        share=steps / recorded if recorded else 0.0,
         # Steady on every rank from here on: the warm-up of the rank that took longest to settle.
         first_steady_step=first_steady_step,
         rule=WARMUP_RULE,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuneup._stats import rounded as _r
+from tuneup._stats import finite
 from tuneup.analyze.model import (
     GpuSeries,
     GpuTelemetry,
@@ -31,7 +31,7 @@ def series(sampled: SampledSeries) -> Series:
         size = -(-len(v) // MAX_SERIES_POINTS)
         t = [sum(t[i : i + size]) / len(t[i : i + size]) for i in range(0, len(t), size)]
         v = [sum(v[i : i + size]) / len(v[i : i + size]) for i in range(0, len(v), size)]
-    return Series(t_s=[round(x, 3) for x in t], values=[round(x, 3) for x in v])
+    return Series(t_s=list(t), values=list(v))
 
 
 def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) -> Telemetry:
@@ -43,17 +43,17 @@ def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) ->
                 index=g.index,
                 bus_id=g.bus_id,
                 lost=g.lost,
-                util_percent_mean=_r(g.util_percent.mean(), 1),
-                util_percent_max=_r(g.util_percent.max(), 1),
+                util_percent_mean=finite(g.util_percent.mean()),
+                util_percent_max=finite(g.util_percent.max()),
                 mem_used_bytes_max=_int(g.mem_used_bytes.max()),
                 mem_total_bytes=_int(g.mem_total_bytes),
-                power_w_mean=_r(g.power_w.mean(), 1),
-                power_w_max=_r(g.power_w.max(), 1),
-                energy_j=_r(g.energy_j, 1),
-                energy_span_s=_r(g.energy_span_s, 3),
+                power_w_mean=finite(g.power_w.mean()),
+                power_w_max=finite(g.power_w.max()),
+                energy_j=finite(g.energy_j),
+                energy_span_s=finite(g.energy_span_s),
                 energy_source=g.energy_source,
                 temp_c_max=g.temp_c.max(),
-                sm_clock_mhz_mean=_r(g.sm_clock_mhz.mean(), 0),
+                sm_clock_mhz_mean=finite(g.sm_clock_mhz.mean()),
                 throttle_reasons=sorted(g.throttle),
                 series=GpuSeries(
                     util_percent=series(g.util_percent),
@@ -66,7 +66,7 @@ def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) ->
         processes=[
             ProcessTelemetry(
                 rank=p.rank,
-                cpu_percent_mean=_r(p.cpu_percent.mean(), 1),
+                cpu_percent_mean=finite(p.cpu_percent.mean()),
                 rss_bytes_max=_int(p.rss_bytes.max()),
                 series=ProcessSeries(cpu_percent=series(p.cpu_percent), rss_bytes=series(p.rss_bytes)),
             )
@@ -75,11 +75,11 @@ def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) ->
         hosts=[
             HostTelemetry(
                 host=h.host,
-                cpu_percent_mean=_r(h.cpu_percent.mean(), 1),
+                cpu_percent_mean=finite(h.cpu_percent.mean()),
                 mem_used_bytes_max=_int(h.mem_used_bytes.max()),
                 mem_total_bytes=_int(h.mem_total_bytes),
-                disk_read_bytes_per_s=_r(h.disk_read_bytes_per_s, 1),
-                disk_write_bytes_per_s=_r(h.disk_write_bytes_per_s, 1),
+                disk_read_bytes_per_s=finite(h.disk_read_bytes_per_s),
+                disk_write_bytes_per_s=finite(h.disk_write_bytes_per_s),
                 net_bytes_per_s={
                     name: NetRate(rates.get("sent_bytes_per_s"), rates.get("recv_bytes_per_s"))
                     for name, rates in h.net_bytes_per_s.items()

@@ -11,8 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 
-from tuneup._stats import quantile
-from tuneup._stats import rounded as _r
+from tuneup._stats import finite, quantile
 from tuneup.analyze.model import PhaseTime, Quantiles, RankStepTime, RankThroughput, StepTime, Throughput
 from tuneup.analyze.ranks import RankProfile
 from tuneup.record.schema import PHASES, StepRecord
@@ -32,15 +31,15 @@ def steps_rates(steps: Sequence[StepRecord]) -> RankThroughput:
     tokens = [s.tokens for s in steps]
     return RankThroughput(
         rank=-1,
-        samples_per_s=_r(rate_per_s(sum(samples), wall_ms)) if None not in samples else None,  # type: ignore[arg-type]
-        tokens_per_s=_r(rate_per_s(sum(tokens), wall_ms)) if None not in tokens else None,  # type: ignore[arg-type]
-        steps_per_s=_r(rate_per_s(len(steps), wall_ms)),
+        samples_per_s=finite(rate_per_s(sum(samples), wall_ms)) if None not in samples else None,  # type: ignore[arg-type]
+        tokens_per_s=finite(rate_per_s(sum(tokens), wall_ms)) if None not in tokens else None,  # type: ignore[arg-type]
+        steps_per_s=finite(rate_per_s(len(steps), wall_ms)),
     )
 
 
 def _total(values: Iterable[float | None]) -> float | None:
     listed = list(values)
-    return _r(sum(listed)) if listed and None not in listed else None  # type: ignore[arg-type]
+    return finite(sum(listed)) if listed and None not in listed else None  # type: ignore[arg-type]
 
 
 def throughput(steady: dict[int, list[StepRecord]]) -> Throughput:
@@ -53,7 +52,7 @@ def throughput(steady: dict[int, list[StepRecord]]) -> Throughput:
         samples_per_s=_total(r.samples_per_s for r in per_rank),
         tokens_per_s=_total(r.tokens_per_s for r in per_rank),
         # Ranks step together: the job's rate is its slowest rank's.
-        steps_per_s=_r(min(steps_per_s)) if steps_per_s else None,
+        steps_per_s=finite(min(steps_per_s)) if steps_per_s else None,
         per_rank=per_rank,
     )
 
@@ -61,7 +60,7 @@ def throughput(steady: dict[int, list[StepRecord]]) -> Throughput:
 def quantiles(values: Iterable[float]) -> Quantiles:
     ordered = sorted(values)
     return Quantiles(
-        *(round(quantile(ordered, q), 3) for q in (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0))  # type: ignore[arg-type]
+        *(quantile(ordered, q) for q in (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0))  # type: ignore[arg-type]
     )
 
 
@@ -74,24 +73,24 @@ def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) 
     for p in PHASES:
         ms = statistics.fmean(getattr(s, p) for s in all_steps)
         phases[p.removesuffix("_ms")] = PhaseTime(
-            ms=_r(ms),  # type: ignore[arg-type]
-            share=_r(ms / mean_wall if mean_wall else 0.0, 4),  # type: ignore[arg-type]
+            ms=finite(ms),  # type: ignore[arg-type]
+            share=finite(ms / mean_wall if mean_wall else 0.0),  # type: ignore[arg-type]
         )
     walls = [s.wall_ms for s in all_steps]
     return StepTime(
-        median_ms=_r(statistics.median(walls)),
-        mean_ms=_r(mean_wall),
+        median_ms=finite(statistics.median(walls)),
+        mean_ms=finite(mean_wall),
         p95_ms=quantiles(walls).p95,
         phases=phases,
         per_rank=[
             RankStepTime(
                 rank=p.rank,
                 steps=p.steps,
-                median_ms=_r(p.median_step_ms),  # type: ignore[arg-type]
-                p95_ms=_r(p.p95_step_ms),  # type: ignore[arg-type]
-                phase_median_ms={k.removesuffix("_ms"): _r(v) for k, v in p.phase_median_ms.items()},  # type: ignore[misc]
+                median_ms=finite(p.median_step_ms),  # type: ignore[arg-type]
+                p95_ms=finite(p.p95_step_ms),  # type: ignore[arg-type]
+                phase_median_ms={k.removesuffix("_ms"): finite(v) for k, v in p.phase_median_ms.items()},  # type: ignore[misc]
                 phase_mean_ms={
-                    k.removesuffix("_ms"): _r(statistics.fmean(getattr(s, k) for s in steady[p.rank]))  # type: ignore[misc]
+                    k.removesuffix("_ms"): finite(statistics.fmean(getattr(s, k) for s in steady[p.rank]))  # type: ignore[misc]
                     for k in PHASES
                 },
                 distribution_ms=quantiles(s.wall_ms for s in steady[p.rank]),

@@ -51,8 +51,8 @@ def timeseries(run: Run, t0: float) -> TimeSeries:
         shown = _thin(points, rank_limit)
         per_rank[str(rank)] = RankSeries(
             step=[p[0] for p in shown],
-            t_s=[round(p[1] - t0, 3) for p in shown],
-            step_time_ms=[round(p[2], 3) for p in shown],
+            t_s=[p[1] - t0 for p in shown],
+            step_time_ms=[p[2] for p in shown],
         )
         for step, _, wall, samples, tokens, step_loss in points:
             # A step too short to divide by (a damaged record) has no rate, as one of no time has none.
@@ -69,14 +69,14 @@ def timeseries(run: Run, t0: float) -> TimeSeries:
         per_rank=per_rank,
         throughput=ThroughputSeries(
             step=steps,
-            samples_per_s=[round(sum(throughput[k]), 3) for k in steps],
+            samples_per_s=[sum(throughput[k]) for k in steps],
             tokens_per_s=[
-                round(sum(token_rate[k]), 3) if len(token_rate.get(k, [])) == n_ranks else None for k in steps
+                sum(token_rate[k]) if len(token_rate.get(k, [])) == n_ranks else None for k in steps
             ],
         ),
         loss=LossSeries(
             rank=min(run.ranks) if run.ranks else None,
             step=sorted(loss),
-            values=[round(loss[k], 6) for k in sorted(loss)],
+            values=[loss[k] for k in sorted(loss)],
         ),
     )

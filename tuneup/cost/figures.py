@@ -11,6 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from tuneup._stats import finite
 from tuneup.analyze.model import (
     Compute,
     Cost,
@@ -72,12 +73,6 @@ def cost_inputs(run: Run, options: CostOptions | None) -> tuple[CostInputs, list
         electricity = float(value) if valid and value >= 0 else None
     inputs = CostInputs(price, reason, electricity, options.target_tokens, options.target_steps)
     return inputs, warnings
-
-
-def _r(value: float | None, digits: int = 9) -> float | None:
-    if value is None or not math.isfinite(value):
-        return None
-    return float(f"{value:.{digits}g}")
 
 
 def _per_usd(rate_per_s: float | None, usd_per_hour: float | None) -> float | None:
@@ -149,11 +144,11 @@ def _projections(
         out.append(
             Projection(
                 target=label,
-                total_steps=_r(total_steps),
-                steps_remaining=_r(remaining),
-                time_s=_r(time_s),
-                usd=_r(_usd(time_s, price.usd_per_hour if price else None)),
-                usd_spot=_r(_usd(time_s, price.spot_usd_per_hour if price else None)),
+                total_steps=finite(total_steps),
+                steps_remaining=finite(remaining),
+                time_s=finite(time_s),
+                usd=finite(_usd(time_s, price.usd_per_hour if price else None)),
+                usd_spot=finite(_usd(time_s, price.spot_usd_per_hour if price else None)),
             )
         )
     return out
@@ -166,12 +161,12 @@ def _money(
     epoch_s = epoch_steps / steps_per_s if epoch_steps and steps_per_s else None
     tokens_per_usd = _per_usd(throughput.tokens_per_s, usd_per_hour)
     return Money(
-        usd_per_hour=_r(usd_per_hour),
-        samples_per_usd=_r(_per_usd(throughput.samples_per_s, usd_per_hour)),
-        tokens_per_usd=_r(tokens_per_usd),
-        usd_per_million_tokens=_r(1e6 / tokens_per_usd) if tokens_per_usd else None,
-        usd_per_epoch=_r(_usd(epoch_s, usd_per_hour)),
-        usd_so_far=_r(_usd(duration_s, usd_per_hour)),
+        usd_per_hour=finite(usd_per_hour),
+        samples_per_usd=finite(_per_usd(throughput.samples_per_s, usd_per_hour)),
+        tokens_per_usd=finite(tokens_per_usd),
+        usd_per_million_tokens=finite(1e6 / tokens_per_usd) if tokens_per_usd else None,
+        usd_per_epoch=finite(_usd(epoch_s, usd_per_hour)),
+        usd_so_far=finite(_usd(duration_s, usd_per_hour)),
     )
 
 
@@ -185,11 +180,11 @@ def compute_figures(throughput: Throughput, run: Run) -> Compute:
     flops_per_step = flops_per_sample = None
     total_flops_per_s: float | None = None
     if isinstance(user, (int, float)) and user > 0:
-        source, flops_per_sample = "user (flops_per_sample)", _r(float(user))
+        source, flops_per_sample = "user (flops_per_sample)", finite(float(user))
         if samples_per_s:
             total_flops_per_s = float(user) * samples_per_s
             if steps_per_s:
-                flops_per_step = _r(total_flops_per_s / steps_per_s)
+                flops_per_step = finite(total_flops_per_s / steps_per_s)
     else:
         counted = {}
         for rank, rec in run.ranks.items():
@@ -205,8 +200,10 @@ def compute_figures(throughput: Throughput, run: Run) -> Compute:
             samples = [e.get("samples") for e in counted.values()]
             known = all(isinstance(n, int) and n > 0 for n in samples)
             source = "counted (FlopCounterMode, one micro-batch per rank)"
-            flops_per_step = _r(per_step)
-            flops_per_sample = _r(sum(e["flops"] for e in counted.values()) / sum(samples)) if known else None
+            flops_per_step = finite(per_step)
+            flops_per_sample = (
+                finite(sum(e["flops"] for e in counted.values()) / sum(samples)) if known else None
+            )
             if steps_per_s:
                 total_flops_per_s = per_step * steps_per_s
     if source is None:
@@ -222,8 +219,8 @@ def compute_figures(throughput: Throughput, run: Run) -> Compute:
         "source": source,
         "flops_per_step": flops_per_step,
         "flops_per_sample": flops_per_sample,
-        "achieved_tflops_per_s": _r(total_flops_per_s / 1e12) if total_flops_per_s else None,
-        "achieved_tflops_per_s_per_device": _r(per_device / 1e12) if per_device else None,
+        "achieved_tflops_per_s": finite(total_flops_per_s / 1e12) if total_flops_per_s else None,
+        "achieved_tflops_per_s_per_device": finite(per_device / 1e12) if per_device else None,
     }
     gpus = (run.manifest.gpus or {}).get("gpus") or []
     accelerator = str(run.manifest.trainer.get("accelerator") or "")
@@ -269,7 +266,7 @@ def compute_figures(throughput: Throughput, run: Run) -> Compute:
     return Compute(
         **counted_figures,
         **peak,
-        mfu=_r(per_device / (peak_tflops * 1e12), 4) if per_device is not None else None,
+        mfu=finite(per_device / (peak_tflops * 1e12)) if per_device is not None else None,
         note="peak taken at fp32; if TF32 matmuls are on, the tf32 peak is the fairer one"
         if column == "fp32" and per_device is not None
         else None,
@@ -295,14 +292,14 @@ def energy_figures(telemetry: Telemetry, throughput: Throughput, inputs: CostInp
     return Energy(
         source=" and ".join(sorted({str(g.energy_source) for g in measured})),
         gpus=len(measured),
-        span_s=_r(span_s),
-        energy_kwh=_r(run_kwh),
-        mean_power_w=_r(mean_power_w),
-        j_per_step=_r(per_step_j),
-        kwh_per_million_tokens=_r(per_mtok_kwh),
+        span_s=finite(span_s),
+        energy_kwh=finite(run_kwh),
+        mean_power_w=finite(mean_power_w),
+        j_per_step=finite(per_step_j),
+        kwh_per_million_tokens=finite(per_mtok_kwh),
         electricity_usd_per_kwh=price,
-        electricity_usd=_r(run_kwh * price) if price is not None else None,
-        electricity_usd_per_million_tokens=_r(per_mtok_kwh * price)
+        electricity_usd=finite(run_kwh * price) if price is not None else None,
+        electricity_usd_per_million_tokens=finite(per_mtok_kwh * price)
         if price is not None and per_mtok_kwh
         else None,
         note="GPUs only: host CPUs, memory, networking and cooling are not in it",
@@ -337,9 +334,9 @@ def cost_section(
         priced=price is not None,
         price=price_figures(price) if price is not None else None,
         not_priced_reason=None if price is not None else inputs.not_priced_reason,
-        steps_per_epoch=_r(epoch_steps),
+        steps_per_epoch=finite(epoch_steps),
         steps_per_epoch_basis=epoch_basis,
-        epoch_s=_r(epoch_steps / steps_per_s) if epoch_steps and steps_per_s else None,
+        epoch_s=finite(epoch_steps / steps_per_s) if epoch_steps and steps_per_s else None,
         figures=_money(throughput, info.duration_s, price.usd_per_hour if price else None, epoch_steps),
         figures_spot=_money(throughput, info.duration_s, price.spot_usd_per_hour, epoch_steps)
         if price is not None and price.spot_usd_per_hour is not None and not price.spot
