@@ -98,7 +98,8 @@ def findings(
                     "warning",
                     f"{name} was busy {gpu.util_percent_mean:.0f}% of the time",
                     f"GPU utilization averaged {gpu.util_percent_mean:.0f}% "
-                    f"(max {gpu.util_percent_max or 0:.0f}%) over {len(gpu.series.util_percent.values)} samples.",
+                    # Not the series' length: at scale the series is thinned for the plots.
+                    f"(max {gpu.util_percent_max or 0:.0f}%) over the run.",
                 )
             )
         if (

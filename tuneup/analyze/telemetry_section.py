@@ -18,23 +18,37 @@ from tuneup.analyze.telemetry import RunTelemetry
 from tuneup.analyze.telemetry import Series as SampledSeries
 
 MAX_SERIES_POINTS = 1000
+# All series of one kind together (every rank's process CPU, say) keep at most this many points, each at
+# least MIN_SERIES_POINTS: 2 ranks keep 1,000 points a series, 1,024 ranks a readable curve each instead
+# of megabytes of JSON that no plot of 1,024 lines can show.
+MAX_POINTS_PER_KIND = 200_000
+MIN_SERIES_POINTS = 100
+
+
+def _limit(n_series: int) -> int:
+    return max(MIN_SERIES_POINTS, min(MAX_SERIES_POINTS, MAX_POINTS_PER_KIND // max(1, n_series)))
 
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def series(sampled: SampledSeries) -> Series:
-    """A series for the report, averaged into at most MAX_SERIES_POINTS buckets (a day at 1 Hz is 86,400)."""
+def series(sampled: SampledSeries, limit: int = MAX_SERIES_POINTS) -> Series:
+    """A series for the report, averaged into at most `limit` buckets (a day at 1 Hz is 86,400)."""
     t, v = sampled.t_s, sampled.values
-    if len(v) > MAX_SERIES_POINTS:
-        size = -(-len(v) // MAX_SERIES_POINTS)
+    if len(v) > limit:
+        size = -(-len(v) // limit)
         t = [sum(t[i : i + size]) / len(t[i : i + size]) for i in range(0, len(t), size)]
         v = [sum(v[i : i + size]) / len(v[i : i + size]) for i in range(0, len(v), size)]
     return Series(t_s=list(t), values=list(v))
 
 
 def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) -> Telemetry:
+    gpu_points, process_points, host_points = (
+        _limit(len(tel.gpus)),
+        _limit(len(tel.processes)),
+        _limit(len(tel.hosts)),
+    )
     return Telemetry(
         samples=tel.samples,
         gpus=[
@@ -56,9 +70,9 @@ def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) ->
                 sm_clock_mhz_mean=finite(g.sm_clock_mhz.mean()),
                 throttle_reasons=sorted(g.throttle),
                 series=GpuSeries(
-                    util_percent=series(g.util_percent),
-                    power_w=series(g.power_w),
-                    mem_used_bytes=series(g.mem_used_bytes),
+                    util_percent=series(g.util_percent, gpu_points),
+                    power_w=series(g.power_w, gpu_points),
+                    mem_used_bytes=series(g.mem_used_bytes, gpu_points),
                 ),
             )
             for g in tel.gpus
@@ -68,7 +82,10 @@ def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) ->
                 rank=p.rank,
                 cpu_percent_mean=finite(p.cpu_percent.mean()),
                 rss_bytes_max=_int(p.rss_bytes.max()),
-                series=ProcessSeries(cpu_percent=series(p.cpu_percent), rss_bytes=series(p.rss_bytes)),
+                series=ProcessSeries(
+                    cpu_percent=series(p.cpu_percent, process_points),
+                    rss_bytes=series(p.rss_bytes, process_points),
+                ),
             )
             for p in tel.processes
         ],
@@ -85,10 +102,10 @@ def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) ->
                     for name, rates in h.net_bytes_per_s.items()
                 },
                 series=HostSeries(
-                    cpu_percent=series(h.cpu_percent),
-                    mem_used_bytes=series(h.mem_used_bytes),
-                    net_recv_bytes_per_s=series(h.net_recv_bytes_per_s),
-                    net_sent_bytes_per_s=series(h.net_sent_bytes_per_s),
+                    cpu_percent=series(h.cpu_percent, host_points),
+                    mem_used_bytes=series(h.mem_used_bytes, host_points),
+                    net_recv_bytes_per_s=series(h.net_recv_bytes_per_s, host_points),
+                    net_sent_bytes_per_s=series(h.net_sent_bytes_per_s, host_points),
                 ),
             )
             for h in tel.hosts
