@@ -517,6 +517,42 @@ def test_damaged_run_loads_with_warnings_or_fails_in_one_line(
         check_show(capsys, run, loaded)
 
 
+def _loaded(path: Path) -> tuple[Any, ...]:
+    try:
+        run = load_run(path)
+    except RunRecordError as exc:
+        return ("error", str(exc))
+    return (
+        run.warnings,
+        run.missing_ranks,
+        {
+            r: (rec.info, rec.steps, rec.windows, rec.telemetry, rec.events, rec.collectives)
+            for r, rec in run.ranks.items()
+        },
+    )
+
+
+@settings(FUZZ, max_examples=150)
+@given(data=st.data(), mutations=st.integers(1, 3))
+def test_the_fast_parser_reads_what_the_standard_one_reads(
+    data: st.DataObject, mutations: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """orjson (tuneup[fast]) and json's scanner read every damaged record alike: the same records, the
+    same warnings."""
+    from tuneup.record import reader
+
+    if reader._FAST_LOADS is None:
+        pytest.skip("orjson is not installed: only the standard parser is in use")
+    with tempfile.TemporaryDirectory() as tmp:
+        run, done = damaged_copy(data.draw, Path(tmp), mutations)
+        note(str(done))
+        fast = _loaded(run)
+        with monkeypatch.context() as m:
+            m.setattr(reader, "_FAST_LOADS", None)
+            standard = _loaded(run)
+    assert fast == standard
+
+
 @settings(FUZZ, max_examples=100)
 @given(data=st.data())
 def test_compare_with_a_damaged_run_exits_0_1_or_2(
