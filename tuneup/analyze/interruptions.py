@@ -31,11 +31,11 @@ def _steady_ms(run: Run) -> float | None:
     return statistics.median(times) if times else None
 
 
-def checkpoint_save_s(segments: list[Run]) -> tuple[float | None, int]:
-    """The time one checkpoint save adds to the step it lands in, and how many saves that is from."""
+def checkpoint_save_s(segments: list[Run], steady_ms: list[float | None]) -> tuple[float | None, int]:
+    """The time one checkpoint save adds to the step it lands in, and how many saves that is from, given
+    each segment's usual (median steady) step."""
     extra, saves = [], 0
-    for run in segments:
-        usual = _steady_ms(run)
+    for run, usual in zip(segments, steady_ms, strict=True):
         if usual is None:
             continue
         for rec in run.ranks.values():
@@ -49,7 +49,7 @@ def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * save_s * mtbf_s)
 
 
-def _segment(run: Run) -> Segment:
+def _segment(run: Run, step_ms: float | None) -> Segment:
     info = run.manifest.raw.get("segment") if isinstance(run.manifest.raw.get("segment"), dict) else {}
     steps = [s for rec in run.ranks.values() for s in rec.steps]
     starts = [rec.info.start_unix for rec in run.ranks.values() if rec.info.start_unix]
@@ -71,7 +71,7 @@ def _segment(run: Run) -> Segment:
         start_unix=finite(min(starts)) if starts else None,
         end_unix=finite(max(s.t_end for s in steps)) if steps else None,
         status=statuses,
-        step_ms=finite(_steady_ms(run)),
+        step_ms=finite(step_ms),
     )
 
 
@@ -95,7 +95,8 @@ def _after_interruption(before: Segment, after: Segment) -> Segment:
 
 def interruptions_section(segments: list[Run], usd_per_device_hour: float | None = None) -> Interruptions:
     """The segments, what each interruption cost, and the recommended checkpoint interval."""
-    rows = [_segment(run) for run in segments]
+    steady_ms = [_steady_ms(run) for run in segments]  # one warm-up detection per segment
+    rows = [_segment(run, ms) for run, ms in zip(segments, steady_ms, strict=True)]
     for i in range(1, len(rows)):
         rows[i] = _after_interruption(rows[i - 1], rows[i])
     downtime_s = sum(r.downtime_before_s or 0.0 for r in rows)
@@ -104,7 +105,7 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
     interruptions = len(rows) - 1 + (0 if rows and rows[-1].status == ["completed"] else 1)
     span = [r for r in rows if r.start_unix is not None and r.end_unix is not None]
     run_s = (span[-1].end_unix - span[0].start_unix) if span else None  # type: ignore[operator]
-    save_s, saves = checkpoint_save_s(segments)
+    save_s, saves = checkpoint_save_s(segments, steady_ms)
     mtbf_s = run_s / interruptions if run_s and interruptions else None
     usd_all = usd_lost = None
     if usd_per_device_hour is not None:

@@ -651,6 +651,11 @@ def to_json(value: Any, rule: tuple[str, int] | None = None) -> Any:
     if isinstance(value, dict):
         return {str(k): to_json(v, rule) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        if rule is not None and all(type(v) is float for v in value):
+            # A series: thousands of floats, written without a call each (a 1,024-rank report has millions).
+            kind, n = rule
+            if kind == "decimals":
+                return [round(v, n) if math.isfinite(v) else None for v in value]
         return [to_json(v, rule) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None

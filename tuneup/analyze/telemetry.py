@@ -42,7 +42,6 @@ class GpuTelemetry:
     index: int
     bus_id: str | None
     util_percent: Series = field(default_factory=Series)
-    mem_util_percent: Series = field(default_factory=Series)
     mem_used_bytes: Series = field(default_factory=Series)
     power_w: Series = field(default_factory=Series)
     temp_c: Series = field(default_factory=Series)
@@ -90,6 +89,12 @@ def _rate(first: tuple[float, float] | None, last: tuple[float, float] | None) -
     return max(0.0, (last[1] - first[1]) / (last[0] - first[0]))
 
 
+def _number(value: Any) -> float | None:
+    # _num, quicker for the float or int that a reading nearly always is (float() of a float is itself).
+    kind = type(value)
+    return value if kind is float else float(value) if kind is int else _num(value)
+
+
 def _host_telemetry(host: str | None, samples: list[tuple[float, dict[str, Any]]]) -> HostTelemetry:
     out = HostTelemetry(host=host)
     disk_r: list[tuple[float, float]] = []
@@ -97,20 +102,25 @@ def _host_telemetry(host: str | None, samples: list[tuple[float, dict[str, Any]]
     net: dict[str, dict[str, list[tuple[float, float]]]] = {}
     prev_net: tuple[float, float, float] | None = None
     for t, system in samples:
-        out.cpu_percent.add(t, _num(system.get("cpu_percent")))
-        out.mem_used_bytes.add(t, _num(system.get("mem_used_bytes")))
-        out.mem_total_bytes = _num(system.get("mem_total_bytes")) or out.mem_total_bytes
-        if (r := _num(system.get("disk_read_bytes"))) is not None:
+        t_s = round(t, 3)
+        if (cpu := _number(system.get("cpu_percent"))) is not None:
+            out.cpu_percent.t_s.append(t_s)
+            out.cpu_percent.values.append(cpu)
+        if (mem := _number(system.get("mem_used_bytes"))) is not None:
+            out.mem_used_bytes.t_s.append(t_s)
+            out.mem_used_bytes.values.append(mem)
+        out.mem_total_bytes = _number(system.get("mem_total_bytes")) or out.mem_total_bytes
+        if (r := _number(system.get("disk_read_bytes"))) is not None:
             disk_r.append((t, r))
-        if (w := _num(system.get("disk_write_bytes"))) is not None:
+        if (w := _number(system.get("disk_write_bytes"))) is not None:
             disk_w.append((t, w))
         recv = sent = 0.0
-        interfaces = system.get("net") if isinstance(system.get("net"), dict) else {}
-        for iface, counters in interfaces.items():
+        interfaces = system.get("net")
+        for iface, counters in interfaces.items() if isinstance(interfaces, dict) else ():
             if not isinstance(counters, dict):
                 continue
             for key in ("sent_bytes", "recv_bytes"):
-                if (v := _num(counters.get(key))) is not None:
+                if (v := _number(counters.get(key))) is not None:
                     net.setdefault(str(iface), {}).setdefault(key, []).append((t, v))
                     if iface != "lo":
                         if key == "recv_bytes":
@@ -132,52 +142,76 @@ def _host_telemetry(host: str | None, samples: list[tuple[float, dict[str, Any]]
     return out
 
 
+# The GPU readings kept as series, by field name.
+# (Memory-controller utilization is recorded, and not read: no figure of the report uses it.)
+_GPU_SERIES = ("util_percent", "mem_used_bytes", "power_w", "temp_c", "sm_clock_mhz")
+
+
 def run_telemetry(run: Run, t0_unix: float) -> RunTelemetry:
+    # A large run has millions of readings (1,024 ranks, a GPU sample of 8 GPUs a second on every node):
+    # the loops below fetch each field once, round each time once, and append to the series' lists.
     gpus: dict[tuple[str | None, int], GpuTelemetry] = {}
+    # Per GPU: its record and, per series field, (name, times, values) of its Series.
+    gpu_fields: dict[tuple[str | None, int], tuple[GpuTelemetry, list[tuple[str, list, list]]]] = {}
     processes: list[ProcessTelemetry] = []
     hosts: list[HostTelemetry] = []
     count = 0
     for rank, rec in sorted(run.ranks.items()):
         host = rec.info.host
         proc = ProcessTelemetry(rank=rank)
+        cpu_t, cpu_v = proc.cpu_percent.t_s, proc.cpu_percent.values
+        rss_t, rss_v = proc.rss_bytes.t_s, proc.rss_bytes.values
         system_samples: list[tuple[float, dict[str, Any]]] = []
         for sample in rec.telemetry:
-            t_unix = _num(sample.get("t"))
+            t_unix = _number(sample.get("t"))
             if t_unix is None:
                 continue
             count += 1
             t = t_unix - t0_unix
+            t_s = round(t, 3)
             if isinstance(p := sample.get("process"), dict):
-                proc.cpu_percent.add(t, _num(p.get("cpu_percent")))
-                proc.rss_bytes.add(t, _num(p.get("rss_bytes")))
+                if (cpu := _number(p.get("cpu_percent"))) is not None:
+                    cpu_t.append(t_s)
+                    cpu_v.append(cpu)
+                if (rss := _number(p.get("rss_bytes"))) is not None:
+                    rss_t.append(t_s)
+                    rss_v.append(rss)
             if isinstance(system := sample.get("system"), dict):
                 system_samples.append((t, system))
-            for g in sample.get("gpus") if isinstance(sample.get("gpus"), list) else []:
-                if not isinstance(g, dict) or not isinstance(g.get("index"), int):
+            samples_gpus = sample.get("gpus")
+            for g in samples_gpus if isinstance(samples_gpus, list) else ():
+                if not isinstance(g, dict) or not isinstance(index := g.get("index"), int):
                     continue
-                gpu = gpus.setdefault(
-                    (host, g["index"]), GpuTelemetry(host=host, index=g["index"], bus_id=None)
-                )
-                gpu.bus_id = g.get("bus_id") if isinstance(g.get("bus_id"), str) else gpu.bus_id
-                gpu.lost = gpu.lost or g.get("lost") is True
-                for name in (
-                    "util_percent",
-                    "mem_util_percent",
-                    "mem_used_bytes",
-                    "power_w",
-                    "temp_c",
-                    "sm_clock_mhz",
-                ):
-                    getattr(gpu, name).add(t, _num(g.get(name)))
-                gpu.mem_total_bytes = _num(g.get("mem_total_bytes")) or gpu.mem_total_bytes
-                if (energy := _num(g.get("energy_j"))) is not None:
+                known = gpu_fields.get((host, index))
+                if known is None:
+                    gpu = gpus[(host, index)] = GpuTelemetry(host=host, index=index, bus_id=None)
+                    known = gpu_fields[(host, index)] = (
+                        gpu,
+                        [(name, getattr(gpu, name).t_s, getattr(gpu, name).values) for name in _GPU_SERIES],
+                    )
+                gpu, fields = known
+                if isinstance(bus_id := g.get("bus_id"), str):
+                    gpu.bus_id = bus_id
+                if not gpu.lost and g.get("lost") is True:
+                    gpu.lost = True
+                for name, times, values in fields:
+                    v = g.get(name)
+                    kind = type(v)  # _number inline: this loop runs for every field of every GPU sample
+                    if kind is int:
+                        v = float(v)
+                    elif kind is not float and (v := _num(v)) is None:
+                        continue
+                    times.append(t_s)
+                    values.append(v)
+                gpu.mem_total_bytes = _number(g.get("mem_total_bytes")) or gpu.mem_total_bytes
+                if (energy := _number(g.get("energy_j"))) is not None:
                     if gpu._energy_first is None:
                         gpu._energy_first = (t, energy)
                     gpu.energy_j = energy - gpu._energy_first[1]
                     gpu.energy_span_s = t - gpu._energy_first[0]
                     gpu.energy_source = "counter"
                 throttle = g.get("throttle")
-                if isinstance(throttle, list):
+                if isinstance(throttle, list) and throttle:
                     gpu.throttle.update(str(x) for x in throttle if x != "gpu_idle")
         if proc.cpu_percent.values or proc.rss_bytes.values:
             processes.append(proc)

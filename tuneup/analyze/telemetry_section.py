@@ -19,9 +19,9 @@ from tuneup.analyze.telemetry import Series as SampledSeries
 
 MAX_SERIES_POINTS = 1000
 # All series of one kind together (every rank's process CPU, say) keep at most this many points, each at
-# least MIN_SERIES_POINTS: 2 ranks keep 1,000 points a series, 1,024 ranks a readable curve each instead
+# least MIN_SERIES_POINTS: 2 ranks keep 1,000 points a series, 1,024 ranks 100 each (a readable curve) instead
 # of megabytes of JSON that no plot of 1,024 lines can show.
-MAX_POINTS_PER_KIND = 200_000
+MAX_POINTS_PER_KIND = 100_000
 MIN_SERIES_POINTS = 100
 
 

@@ -8,6 +8,7 @@ the throughput is made of) beside the median and p95 (robust to stalls). The rep
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 
@@ -15,6 +16,12 @@ from tuneup._stats import finite, quantile
 from tuneup.analyze.model import PhaseTime, Quantiles, RankStepTime, RankThroughput, StepTime, Throughput
 from tuneup.analyze.ranks import RankProfile
 from tuneup.record.schema import PHASES, StepRecord
+
+
+def _mean(values: list[float]) -> float:
+    # statistics.fmean's own arithmetic (an exact sum over the count), without its per-item counting over
+    # a generator: a 1,024-rank run has a million steady steps, each read six times.
+    return math.fsum(values) / len(values)
 
 
 def rate_per_s(count: float | None, wall_ms: float) -> float | None:
@@ -68,10 +75,10 @@ def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) 
     all_steps = [s for steps in steady.values() for s in steps]
     if not all_steps:
         return StepTime(median_ms=None, mean_ms=None, p95_ms=None, phases={}, per_rank=[])
-    mean_wall = statistics.fmean(s.wall_ms for s in all_steps)
+    mean_wall = _mean([s.wall_ms for s in all_steps])
     phases = {}
     for p in PHASES:
-        ms = statistics.fmean(getattr(s, p) for s in all_steps)
+        ms = _mean([getattr(s, p) for s in all_steps])
         phases[p.removesuffix("_ms")] = PhaseTime(
             ms=finite(ms),  # type: ignore[arg-type]
             share=finite(ms / mean_wall if mean_wall else 0.0),  # type: ignore[arg-type]
@@ -90,7 +97,7 @@ def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) 
                 p95_ms=finite(p.p95_step_ms),  # type: ignore[arg-type]
                 phase_median_ms={k.removesuffix("_ms"): finite(v) for k, v in p.phase_median_ms.items()},  # type: ignore[misc]
                 phase_mean_ms={
-                    k.removesuffix("_ms"): finite(statistics.fmean(getattr(s, k) for s in steady[p.rank]))  # type: ignore[misc]
+                    k.removesuffix("_ms"): finite(_mean([getattr(s, k) for s in steady[p.rank]]))  # type: ignore[misc]
                     for k in PHASES
                 },
                 distribution_ms=quantiles(s.wall_ms for s in steady[p.rank]),
