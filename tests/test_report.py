@@ -177,3 +177,25 @@ def test_the_committed_example_report_json_is_what_the_analysis_gives() -> None:
     for volatile in ("generated_unix", "tuneup_version"):
         committed.pop(volatile), now.pop(volatile)
     assert now == committed
+
+
+def test_report_json_text_is_the_same_document_with_or_without_orjson(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import builtins
+
+    from tuneup.report import json_text
+
+    document = {"a": [1e-7, 1e20, -0.0, 123456.789, None, 3], "b": {"c": "x\u2028y", "d": True}}
+    fast = json_text(document)
+    real_import = builtins.__import__
+
+    def no_orjson(name: str, *args: object, **kwargs: object) -> object:
+        if name == "orjson":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_orjson)
+    standard = json_text(document)
+    assert json.loads(fast) == json.loads(standard) == document
+    assert fast.endswith("\n") and standard.endswith("\n")

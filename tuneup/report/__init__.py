@@ -127,6 +127,17 @@ def _plain_name(run_id: Any) -> str:
     return name or "run"
 
 
+def json_text(document: dict[str, Any]) -> str:
+    """report.json's text: indented by 2, strict JSON (a non-finite number is already null). orjson, where
+    installed (tuneup[fast]), writes the same document ten times faster than json's indenting encoder,
+    which runs in Python (a 1,024-rank report holds millions of numbers)."""
+    try:
+        import orjson
+    except ImportError:
+        return json.dumps(document, indent=2, allow_nan=False) + "\n"
+    return orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE).decode("utf-8")
+
+
 def _render_into(analysis: RunAnalysis, scratch: Path, formats: tuple[str, ...]) -> list[str]:
     """Render every requested file into `scratch`; return their names, plots first."""
     names: list[str] = []
@@ -139,8 +150,7 @@ def _render_into(analysis: RunAnalysis, scratch: Path, formats: tuple[str, ...])
     if "json" in formats:
         from tuneup.analyze.model import to_json
 
-        text = json.dumps(to_json(analysis), indent=1, allow_nan=False)
-        (scratch / f"{REPORT_BASENAME}.json").write_text(text + "\n", encoding="utf-8")
+        (scratch / f"{REPORT_BASENAME}.json").write_text(json_text(to_json(analysis)), encoding="utf-8")
         names.append(f"{REPORT_BASENAME}.json")
     if "md" in formats:
         from tuneup.report.markdown import render_markdown
