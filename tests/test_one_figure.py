@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,15 +22,12 @@ from conftest import run_workload
 pytestmark = pytest.mark.slow
 
 
-def test_report_show_compare_and_loggers_state_the_same_figures(tmp_path: Path) -> None:
+def test_report_show_compare_and_loggers_state_the_same_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out, logs = tmp_path / "run", tmp_path / "logs"
-    os.environ["TUNEUP_PRICE_PER_HOUR"] = "2.5"
-    try:
-        run_workload(
-            out, "--devices", "2", "--strategy", "ddp", "--max-steps", "24", "--csv-log", str(logs)
-        )
-    finally:
-        del os.environ["TUNEUP_PRICE_PER_HOUR"]
+    monkeypatch.setenv("TUNEUP_PRICE_PER_HOUR", "2.5")  # the workload inherits it: a priced run
+    run_workload(out, "--devices", "2", "--strategy", "ddp", "--max-steps", "24", "--csv-log", str(logs))
     analysis = analyze(out)
     samples_per_s, mean_ms = analysis.throughput.samples_per_s, analysis.step_time.mean_ms
     assert samples_per_s and mean_ms and analysis.cost is not None and analysis.cost.priced
