@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tuneup._gc import cyclic_gc_paused
 from tuneup._version import __version__
 
 if TYPE_CHECKING:
@@ -289,23 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
 _READS_RUNS = frozenset({"report", "show", "compare"})
 
 
-@contextlib.contextmanager
-def _no_cycle_collection(command: str) -> Iterator[None]:
-    enabled = gc.isenabled()
-    if command in _READS_RUNS:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with _no_cycle_collection(args.command):
+        with cyclic_gc_paused() if args.command in _READS_RUNS else contextlib.nullcontext():
             return int(args.func(args))
     except UsageError as exc:
         print(f"tuneup {args.command}: error: {exc}", file=sys.stderr)

@@ -8,17 +8,16 @@ tolerated defect becomes a line in `Run.warnings`.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tuneup._gc import cyclic_gc_paused
 from tuneup.record.schema import (
     COLLECTIVE_KINDS,
     COLLECTIVES_FILE,
@@ -82,27 +81,8 @@ def _may_hold_special_numbers(data: bytes) -> bool:
 
 
 # Past this many objects kept by one load, one full collection at its end is cheaper than what the
-# collector would do with them later (see _no_cyclic_gc); below it, the collector is left to its rhythm.
+# collector would do with them later; below it, the collector is left to its rhythm.
 _COLLECT_AFTER_OBJECTS = 200_000
-
-
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a run is read: a run's records are millions of small
-    objects without cycles, and the collections that their allocation triggers walk all of them again
-    and again (nearly a third of the load time of a 1,024-rank run). Reference counting still frees whatever
-    is dropped. Left in the youngest generation, they would then be walked by a young, a middle and a
-    full collection in turn, all within the analysis; one full collection here moves them to the oldest
-    generation at the cost of one."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-            if gc.get_count()[0] > _COLLECT_AFTER_OBJECTS:
-                gc.collect()
 
 
 class _NumberCheck:
@@ -792,7 +772,7 @@ def load_run(path: str | os.PathLike[str]) -> Run:
 
     ranks: dict[int, RankRecord] = {}
     missing: list[int] = []
-    with _no_cyclic_gc():
+    with cyclic_gc_paused(_COLLECT_AFTER_OBJECTS):
         for rank in range(manifest.world_size):
             if rank_dir_name(rank) not in rank_dirs:
                 missing.append(rank)
