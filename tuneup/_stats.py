@@ -1,4 +1,5 @@
-"""Quantiles and rounding, in one definition for the record's window aggregates and the report's figures."""
+"""Quantiles, and what counts as a figure, in one definition for the record's window aggregates and the
+report's figures (report.json rounds them at the edge: tuneup/analyze/model.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,6 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def rounded(value: float | None, digits: int = 3) -> float | None:
-    """`value` rounded for a report; None (a figure that could not be measured) for None, and for NaN or
-    infinity (a rate over a duration too small to divide by), which JSON cannot hold."""
-    return None if value is None or not math.isfinite(value) else round(float(value), digits)
 
 
 def finite(value: float | None) -> float | None:
