@@ -169,9 +169,10 @@ def _extremes(analysis: RunAnalysis, ranks: list[RankComm]) -> Table | None:
         ),
     )
     hosts = analysis.run.hosts
-    rows = [
-        (which, *_rank_row(r)[:1], text(hosts.get(str(r.rank))), *_rank_row(r)[1:]) for which, r in picked
-    ]
+    rows = []
+    for which, r in picked:
+        rank, *cells = _rank_row(r)
+        rows.append((which, rank, text(hosts.get(str(r.rank))), *cells))
     if not rows:
         return None
     return table(
