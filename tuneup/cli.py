@@ -28,6 +28,7 @@ from tuneup._version import __version__
 
 if TYPE_CHECKING:
     from tuneup.cost.figures import CostOptions
+    from tuneup.report import WrittenReport
 
 EXIT_USAGE = 2
 
@@ -117,6 +118,11 @@ def _write_report(run_dir: Path, out_dir: Path | None, formats: str, cost: CostO
         written = write_report(run_dir, out_dir, formats, cost)
     except (RunRecordError, ReportError) as exc:
         raise UsageError(str(exc)) from None
+    _say_written(written)
+    return 0
+
+
+def _say_written(written: WrittenReport) -> None:
     for path in written.files:
         if path.suffix != ".png":
             print(f"wrote {path}")
@@ -129,7 +135,6 @@ def _write_report(run_dir: Path, out_dir: Path | None, formats: str, cost: CostO
         # The report holds them in full; one line each here so a CI log shows them too.
         for warning in written.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -197,11 +202,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cost = cost_options(args)  # checked before training, so that a typo costs no training time
     run_dir = run_demo(config)
     if run_dir is not None:  # rank 0 only; the other DDP ranks return None
-        print()
-        print(format_summary(run_dir, cost))
-        print()
-        print(f"run record: {run_dir}")
-        _write_report(run_dir, config.out_dir, "html,md,json", cost)
+        from tuneup.record import RunRecordError
+        from tuneup.report import ReportError, analyze, write_analysis
+        from tuneup.report.terminal import render_terminal
+
+        try:
+            analysis = analyze(run_dir, cost)  # once, for the terminal and the report files alike
+            print()
+            print(render_terminal(analysis))
+            print()
+            print(f"run record: {run_dir}")
+            _say_written(write_analysis(analysis, config.out_dir))
+        except (RunRecordError, ReportError) as exc:
+            raise UsageError(str(exc)) from None
         print(f"open {config.out_dir / 'report.html'} in a browser, or read {config.out_dir / 'report.md'}")
     return 0
 

@@ -96,7 +96,17 @@ def write_report(
     an output directory that cannot be written.
     """
     wanted = parse_formats(formats)
-    analysis = analyze(run_dir, cost)
+    return write_analysis(analyze(run_dir, cost), out_dir, wanted)
+
+
+def write_analysis(
+    analysis: RunAnalysis,
+    out_dir: str | os.PathLike[str] | None = None,
+    formats: str | Iterable[str] = FORMATS,
+) -> WrittenReport:
+    """Write the report of an analysed run (`analyze`) into `out_dir`, as `write_report` does; for a
+    caller that has the analysis already and must not make it twice (the demo prints it first)."""
+    wanted = parse_formats(formats)
     target = Path(out_dir) if out_dir is not None else Path("reports") / _plain_name(analysis.run.run_id)
     try:
         target.mkdir(parents=True, exist_ok=True)
