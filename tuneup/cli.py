@@ -11,6 +11,13 @@
 
 Input errors print one line on stderr and exit with code 2; they never print a traceback. Heavy
 imports (torch, Lightning) happen only inside the commands that train, so `tuneup --help` is fast.
+
+RUN_DIR (report, show) is a run directory, or a directory that holds exactly one run one or two levels
+down (such as the `reports/demo` that `tuneup demo` writes): that run is used, and stderr says which.
+
+A reader that stops early (`tuneup catalog | head -1`) ends any command quietly, with no message and
+exit status 141 (128 + SIGPIPE), as coreutils and git report it: a pipeline with `set -o pipefail`
+tells it apart from success (0), a regression found by compare (1) and bad input (2).
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,14 +36,65 @@ from tuneup._gc import cyclic_gc_paused
 from tuneup._version import __version__
 
 if TYPE_CHECKING:
+    from tuneup.catalog import InstanceCatalog
     from tuneup.cost.figures import CostOptions
     from tuneup.report import WrittenReport
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat` or `git log` cut off by `| head`
+
+# How far below a RUN_DIR that is not a run to look for one: `reports/demo/run` is one level down,
+# `reports/bench/<time>/candidate/run-00` (a set) two. Deeper would walk whole trees of runs.
+RUN_SEARCH_DEPTH = 2
+RUNS_LISTED = 5  # in the error for a directory of several runs: enough to pick one, not a wall of paths
 
 
 class UsageError(Exception):
     """Bad input from the user: reported in one line, exit code 2."""
+
+
+def runs_under(path: Path, depth: int = RUN_SEARCH_DEPTH) -> list[Path]:
+    """The run directories (those with a manifest) under `path`, up to `depth` levels down, sorted.
+
+    A run's own subdirectories are not searched: a resumed run keeps its later segments there, each
+    with a manifest of its own, and they are that run, not other runs.
+    """
+    from tuneup.record.schema import MANIFEST_FILE
+
+    found: list[Path] = []
+    try:
+        # Hidden directories (.git, a report's scratch directory) hold no run a user means.
+        children = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return found  # unreadable: load_run names the directory and the problem
+    for child in children:
+        if (child / MANIFEST_FILE).is_file():
+            found.append(child)
+        elif depth > 1:
+            found.extend(runs_under(child, depth - 1))
+    return found
+
+
+def resolve_run_dir(path: Path, command: str) -> Path:
+    """The run a RUN_DIR argument names: `path` itself when it is a run (or is no directory at all,
+    which load_run then explains); else the one run under it, said on stderr. UsageError names the runs
+    when there are several."""
+    from tuneup.record.schema import MANIFEST_FILE
+
+    if not path.is_dir() or (path / MANIFEST_FILE).is_file():
+        return path
+    runs = runs_under(path)
+    if not runs:
+        return path  # load_run says why it is not a run (empty, or no manifest) and what to pass
+    if len(runs) == 1:
+        print(f"tuneup {command}: {path} is not a run; using the one run in it, {runs[0]}", file=sys.stderr)
+        return runs[0]
+    shown = ", ".join(str(r) for r in runs[:RUNS_LISTED])
+    more = f" and {len(runs) - RUNS_LISTED} more" if len(runs) > RUNS_LISTED else ""
+    raise UsageError(
+        f"{path} is not a run but holds {len(runs)} runs ({shown}{more}); pass one of them, "
+        f"e.g. tuneup {command} {runs[0]}"
+    )
 
 
 def format_summary(run_dir: Path, cost: CostOptions | None = None) -> str:
@@ -139,35 +199,80 @@ def _say_written(written: WrittenReport) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     return _write_report(
-        Path(args.run_dir), Path(args.out) if args.out else None, args.format, cost_options(args)
+        resolve_run_dir(Path(args.run_dir), args.command),
+        Path(args.out) if args.out else None,
+        args.format,
+        cost_options(args),
     )
+
+
+def _price_dates_text(catalog: InstanceCatalog) -> str:
+    dates = catalog.as_of_dates()
+    if dates.earliest is None:
+        return "prices undated"
+    span = dates.earliest if dates.earliest == dates.latest else f"{dates.earliest} to {dates.latest}"
+    return f"prices as of {span}" + (f" ({dates.undated} undated)" if dates.undated else "")
+
+
+def format_catalog(catalog: InstanceCatalog, gpu: str | None = None, doubt_width: int | None = None) -> str:
+    """The catalog's rows as a table; the header's counts and dates describe these rows only.
+
+    A doubtful row's doubt column points to a footnote under the table that says why (rows with the
+    same doubt share one). `doubt_width` cuts each footnote to one line of that many characters;
+    None prints them in full.
+    """
+    from tuneup.report.format import plural
+
+    matching = f" with a GPU matching {gpu!r}" if gpu else ""
+    lines = [
+        f"catalog {catalog.version}: {plural(len(catalog), 'instance')}{matching}, {_price_dates_text(catalog)}"
+        + (f", with {catalog.user_catalog}" if catalog.user_catalog else ""),
+        f"  {'key':<42} {'GPUs':<18} {'USD/h':>9} {'spot':>9}  as of       doubt",
+    ]
+    footnotes: dict[str, int] = {}  # doubt text -> its footnote number, in order of first appearance
+    for r in catalog:
+        spot = f"{r.spot_usd_per_hour:,.2f}" if r.spot_usd_per_hour is not None else "-"
+        mark = f"[{footnotes.setdefault(r.doubt, len(footnotes) + 1)}]" if r.doubt else ""
+        lines.append(
+            f"  {r.qualified_key:<42} {f'{r.gpu_count} x {r.gpu}':<18} {r.on_demand_usd_per_hour:>9,.2f} "
+            f"{spot:>9}  {r.as_of_date or 'undated':<11} {mark}".rstrip()
+        )
+    shortened = False
+    if footnotes:
+        lines.append("why a row is doubtful:")
+        for doubt, n in footnotes.items():
+            marker = f"  [{n}] "
+            if doubt_width is not None and len(marker) + len(doubt) > doubt_width:
+                # At a word boundary, so that what is left reads as the start of the sentence.
+                # Not at a hyphen either: "3rd- ..." reads as a typo.
+                doubt = textwrap.TextWrapper(
+                    width=max(doubt_width - len(marker), 20),
+                    max_lines=1,
+                    placeholder=" ...",
+                    break_on_hyphens=False,
+                ).fill(doubt)
+                shortened = True
+            lines.append(marker + doubt)
+    if shortened:
+        lines.append("(doubts cut to the terminal's width: `tuneup catalog | less` shows them in full)")
+    lines.append(
+        "the report shows the doubt of the row it prices with; --catalog FILE adds or overrides rows"
+    )
+    return "\n".join(lines)
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     from tuneup.catalog import CatalogError, load_instances
 
     try:
-        catalog = load_instances(args.catalog)
+        catalog = load_instances(args.catalog).with_gpu(args.gpu)
     except CatalogError as exc:
         raise UsageError(str(exc)) from None
-    rows = [r for r in catalog if not args.gpu or args.gpu.lower() in r.gpu.lower()]
-    if not rows:
+    if not len(catalog):
         raise UsageError(f"no instance with a GPU matching {args.gpu!r}; run tuneup catalog without --gpu")
-    dates = catalog.as_of_dates()
-    print(
-        f"catalog {catalog.version}: {len(rows)} instance(s), prices as of {dates.earliest} to {dates.latest}"
-        + (f" ({dates.undated} undated)" if dates.undated else "")
-        + (f", with {catalog.user_catalog}" if catalog.user_catalog else "")
-    )
-    print(f"  {'key':<42} {'GPUs':<18} {'USD/h':>9} {'spot':>9}  as of       doubt")
-    for r in rows:
-        spot = f"{r.spot_usd_per_hour:,.2f}" if r.spot_usd_per_hour is not None else "-"
-        doubt = "yes" if r.doubt else ""
-        print(
-            f"  {r.qualified_key:<42} {f'{r.gpu_count} x {r.gpu}':<18} {r.on_demand_usd_per_hour:>9,.2f} "
-            f"{spot:>9}  {r.as_of_date or 'undated':<11} {doubt}"
-        )
-    print("a row marked as doubtful says why in the report; --catalog FILE adds or overrides rows")
+    # On a terminal each doubt fits one line; into a pipe or a file (grep, less) it goes in full.
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    print(format_catalog(catalog, args.gpu, doubt_width=max(width, 40) if width else None))
     return 0
 
 
@@ -185,8 +290,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     from tuneup.report import ReportError
 
     cost = cost_options(args)
+    run_dir = resolve_run_dir(Path(args.run_dir), args.command)
     try:
-        print(format_summary(Path(args.run_dir), cost))
+        print(format_summary(run_dir, cost))
     except (RunRecordError, ReportError) as exc:
         raise UsageError(str(exc)) from None
     return 0
@@ -234,7 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write the report of a recorded run: one self-contained HTML page, Markdown for a CI "
         "job summary or PR comment (plots as PNG files beside it), and versioned JSON for machines.",
     )
-    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by TuneupCallback")
+    report.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run directory written by TuneupCallback, or a directory that holds one run",
+    )
     report.add_argument("-o", "--out", metavar="OUT_DIR", help="where to write (default: reports/<run id>/)")
     report.add_argument(
         "--format", default="html,md,json", help="comma-separated: html, md, json (default: %(default)s)"
@@ -266,7 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     probe.set_defaults(func=cmd_probe_network)
 
     show = sub.add_parser("show", help="headline figures and warnings of a recorded run")
-    show.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by TuneupCallback")
+    show.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run directory written by TuneupCallback, or a directory that holds one run",
+    )
     add_cost_arguments(show)
     show.set_defaults(func=cmd_show)
 
@@ -303,6 +417,37 @@ _READS_RUNS = frozenset({"report", "show", "compare"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            # Output into a pipe is buffered: flushed here, a reader that stopped early raises below
+            # rather than at interpreter exit, where Python could only print "Exception ignored".
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader has all it wanted (`| head`): not an error of anyone's, so nothing to say.
+        _discard_output_to_closed_pipes()
+        return EXIT_BROKEN_PIPE
+
+
+def _discard_output_to_closed_pipes() -> None:
+    """Point stdout, and stderr where its pipe is closed too, at the null device: what is still buffered
+    for them is written there at interpreter exit, instead of raising BrokenPipeError again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+        try:
+            sys.stderr.flush()
+        except BrokenPipeError:
+            os.dup2(devnull, sys.stderr.fileno())
+    except (OSError, ValueError):
+        pass  # a stream without a file descriptor (replaced in-process): nothing at exit to protect
+    finally:
+        os.close(devnull)
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -314,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tuneup: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # main's: the reader stopped early, whichever command was writing
     except Exception as exc:
         if os.environ.get("TUNEUP_DEBUG"):
             raise

@@ -24,7 +24,7 @@ import difflib
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
 
@@ -140,6 +140,14 @@ class InstanceCatalog:
     def keys(self) -> list[str]:
         """Every row's qualified key (`provider:instance`, with `@region` where the row has one)."""
         return [r.qualified_key for r in self.rows]
+
+    def with_gpu(self, name_part: str | None) -> InstanceCatalog:
+        """The rows whose GPU name contains `name_part` (any case), as a catalog of their own, so that
+        its length and `as_of_dates` describe those rows; the whole catalog when `name_part` is empty."""
+        if not name_part:
+            return self
+        wanted = name_part.lower()
+        return replace(self, rows=tuple(r for r in self.rows if wanted in r.gpu.lower()))
 
     def as_of_dates(self) -> PriceDates:
         dated = sorted(r.as_of_date for r in self.rows if r.as_of_date)

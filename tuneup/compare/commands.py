@@ -161,6 +161,8 @@ def _guarded(action: Callable[[], int], usage_error: type[Exception]) -> int:
         return action()
     except (CompareInputError, BenchError, ValueError) as exc:
         raise usage_error(str(exc)) from None
+    except BrokenPipeError:
+        raise  # the reader of stdout stopped early: not bad input; the CLI's main ends quietly
     except OSError as exc:
         raise usage_error(f"{getattr(exc, 'filename', '') or ''} {exc.strerror or exc}".strip()) from None
 
@@ -172,6 +174,7 @@ def _cmd_compare(args: argparse.Namespace, usage_error: type[Exception]) -> int:
 
 
 def _cmd_baseline(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+    from tuneup.compare.compare import format_value
     from tuneup.compare.runs import baseline_document, load_baseline, mismatches
 
     def run() -> int:
@@ -201,7 +204,7 @@ def _cmd_baseline(args: argparse.Namespace, usage_error: type[Exception]) -> int
         os.replace(tmp, out)  # a baseline is replaced whole or not at all
         print(f"wrote {out}: {len(runs)} run(s)")
         for r in runs:
-            shown = f"{r.throughput:,.4g} {r.throughput_unit}" if r.throughput else "no throughput"
+            shown = format_value(r.throughput, r.throughput_unit) if r.throughput else "no throughput"
             print(f"  {r.run_id}: {shown}")
         return 0
 
@@ -210,6 +213,7 @@ def _cmd_baseline(args: argparse.Namespace, usage_error: type[Exception]) -> int
 
 def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     from tuneup.compare.bench import Workload, run_bench
+    from tuneup.compare.compare import format_value
 
     def run() -> int:
         candidate = Workload("candidate", args.cmd, args.entry)
@@ -225,7 +229,9 @@ def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         print()
         for r in candidate_side.runs:
             print(
-                f"candidate {r.run_id}: {r.throughput:,.4g} {r.throughput_unit}" if r.throughput else r.run_id
+                f"candidate {r.run_id}: {format_value(r.throughput, r.throughput_unit)}"
+                if r.throughput
+                else r.run_id
             )
         if "baseline" in sets:
             baseline = load_side(sets["baseline"])

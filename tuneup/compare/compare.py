@@ -8,6 +8,7 @@ from typing import Any
 
 from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide
 from tuneup.compare.runs import METRICS, CompareInputError, Side, mismatches
+from tuneup.report.format import ms, size_bytes, usd, with_unit
 from tuneup.report.markdown import markdown_text
 
 EXIT_OK = 0
@@ -103,7 +104,7 @@ def compare(
                 continue
         if any(v is None for v in base + cand):
             skipped[key] = {
-                "peak_memory": "not recorded on every run (GPU peak memory, or the process RSS from telemetry)",
+                "peak_memory": "not recorded on every run (GPU peak memory, or the process tree's PSS or RSS from telemetry)",
                 "cost_per_sample": "a run is not priced (TuneupCallback(instance=...) or TUNEUP_INSTANCE records one)",
             }.get(key, "not recorded on every run")
             continue
@@ -123,16 +124,19 @@ def compare(
 # -- rendering ---------------------------------------------------------------------------------------
 
 
-def _value(v: float | None, unit: str) -> str:
+def format_value(v: float | None, unit: str) -> str:
+    """A compared figure as the report writes it (tuneup.report.format): thousands grouped, as many
+    decimals as its size deserves, never an exponent. Every figure compare and bench print goes
+    through here, so that a run's throughput reads alike in each of their lines."""
     if v is None:
-        return "-"
+        return "-"  # as the table's other empty cells
     if unit == "bytes":
-        return f"{v / 2**20:,.1f} MiB"
+        return size_bytes(v)
     if unit == "USD":
-        return f"${v:.3g}"
+        return usd(v)
     if unit == "ms":
-        return f"{v:,.2f} ms"  # as the report and `tuneup show` print a step
-    return f"{v:,.1f} {unit}"  # rates, as the report and `tuneup show` print them
+        return ms(v)
+    return with_unit(v, unit)  # rates: samples/s, steps/s
 
 
 def _interval(r: MetricComparison) -> str:
@@ -148,8 +152,8 @@ def _rows(c: Comparison) -> list[list[str]]:
         [
             r.metric,
             r.verdict.value,
-            _value(r.baseline_median, r.unit),
-            _value(r.candidate_median, r.unit),
+            format_value(r.baseline_median, r.unit),
+            format_value(r.candidate_median, r.unit),
             f"{r.ratio:.3f}",
             _interval(r),
             _p(r.p_worse),
