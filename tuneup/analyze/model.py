@@ -303,12 +303,30 @@ class ProcessSeries:
     rss_bytes: Series
 
 
+# What a rank's process-tree memory peak measures, by `ProcessTelemetry.memory_measure`: said once for the
+# report, the terminal and `tuneup compare`.
+PROCESS_MEMORY_LABELS = {
+    "pss": "peak memory (PSS, workers' shared pages counted once)",
+    "uss": "peak memory (USS, pages shared with workers left out: a lower bound)",
+    "rss": "peak RSS (sum over processes, shared pages counted per process: an upper bound)",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessTelemetry:
     rank: int
     cpu_percent_mean: float | None = decimals(1)  # 100 = one core
-    rss_bytes_max: int | None
+    rss_bytes_max: int | None  # summed over the tree: pages shared with forked workers count once per process
     series: ProcessSeries
+    # The tree's memory peak, the headline figure, in the measure `memory_measure` names (a key of
+    # PROCESS_MEMORY_LABELS): PSS where the run recorded it, else RSS. A report.json written before PSS
+    # was recorded lacks both and reads as its RSS.
+    memory_bytes_max: int | None = None
+    memory_measure: str = "rss"
+
+    def __post_init__(self) -> None:
+        if self.memory_measure == "rss" and self.memory_bytes_max is None:
+            object.__setattr__(self, "memory_bytes_max", self.rss_bytes_max)
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,9 +57,24 @@ class GpuTelemetry:
 
 @dataclass(slots=True)
 class ProcessTelemetry:
+    """One rank's process tree. `rss_bytes` is summed over its processes, so pages that forked dataloader
+    workers share with the rank count once per process; `pss_bytes` divides them among the sharers (read
+    every few ticks); `uss_bytes`, where a platform has no PSS, leaves them out."""
+
     rank: int
     cpu_percent: Series = field(default_factory=Series)
     rss_bytes: Series = field(default_factory=Series)
+    pss_bytes: Series = field(default_factory=Series)
+    uss_bytes: Series = field(default_factory=Series)
+
+    def memory(self) -> tuple[str, Series]:
+        """The tree's memory and its measure ("pss", "uss" or "rss"): PSS where recorded, RSS for a record
+        made before PSS was, or on a host that would not let it be read."""
+        if self.pss_bytes.values:
+            return "pss", self.pss_bytes
+        if self.uss_bytes.values:
+            return "uss", self.uss_bytes
+        return "rss", self.rss_bytes
 
 
 @dataclass(slots=True)
@@ -176,6 +191,11 @@ def run_telemetry(run: Run, t0_unix: float) -> RunTelemetry:
                 if (rss := _number(p.get("rss_bytes"))) is not None:
                     rss_t.append(t_s)
                     rss_v.append(rss)
+                # Read every few ticks only (its cost grows with the tree's memory): most samples lack it.
+                if (pss := p.get("pss_bytes")) is not None:
+                    proc.pss_bytes.add(t, _number(pss))
+                if (uss := p.get("uss_bytes")) is not None:
+                    proc.uss_bytes.add(t, _number(uss))
             if isinstance(system := sample.get("system"), dict):
                 system_samples.append((t, system))
             samples_gpus = sample.get("gpus")
@@ -213,7 +233,7 @@ def run_telemetry(run: Run, t0_unix: float) -> RunTelemetry:
                 throttle = g.get("throttle")
                 if isinstance(throttle, list) and throttle:
                     gpu.throttle.update(str(x) for x in throttle if x != "gpu_idle")
-        if proc.cpu_percent.values or proc.rss_bytes.values:
+        if proc.cpu_percent.values or proc.rss_bytes.values or proc.pss_bytes.values or proc.uss_bytes.values:
             processes.append(proc)
         if system_samples:
             hosts.append(_host_telemetry(host, system_samples))

@@ -14,6 +14,7 @@ from tuneup.analyze.model import (
     Series,
     Telemetry,
 )
+from tuneup.analyze.telemetry import ProcessTelemetry as SampledProcess
 from tuneup.analyze.telemetry import RunTelemetry
 from tuneup.analyze.telemetry import Series as SampledSeries
 
@@ -77,18 +78,7 @@ def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) ->
             )
             for g in tel.gpus
         ],
-        processes=[
-            ProcessTelemetry(
-                rank=p.rank,
-                cpu_percent_mean=finite(p.cpu_percent.mean()),
-                rss_bytes_max=_int(p.rss_bytes.max()),
-                series=ProcessSeries(
-                    cpu_percent=series(p.cpu_percent, process_points),
-                    rss_bytes=series(p.rss_bytes, process_points),
-                ),
-            )
-            for p in tel.processes
-        ],
+        processes=[_process(p, process_points) for p in tel.processes],
         hosts=[
             HostTelemetry(
                 host=h.host,
@@ -111,4 +101,19 @@ def telemetry(tel: RunTelemetry, gpu_allocated_peak_bytes: int | None = None) ->
             for h in tel.hosts
         ],
         gpu_allocated_peak_bytes=gpu_allocated_peak_bytes,
+    )
+
+
+def _process(p: SampledProcess, points: int) -> ProcessTelemetry:
+    measure, memory = p.memory()
+    return ProcessTelemetry(
+        rank=p.rank,
+        cpu_percent_mean=finite(p.cpu_percent.mean()),
+        rss_bytes_max=_int(p.rss_bytes.max()),
+        series=ProcessSeries(
+            cpu_percent=series(p.cpu_percent, points),
+            rss_bytes=series(p.rss_bytes, points),
+        ),
+        memory_bytes_max=_int(memory.max()),
+        memory_measure=measure,
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 from tuneup._version import __version__
 from tuneup.analyze.analysis import analyze_run
+from tuneup.analyze.model import ProcessTelemetry
 from tuneup.record import RunRecordError, load_run
 from tuneup.record.schema import MANIFEST_FILE, Run
 
@@ -57,7 +58,7 @@ class RunSummary:
     throughput_unit: str  # "samples/s", or "steps/s" where samples per batch were not known
     step_time_ms: float | None
     peak_memory_bytes: float | None
-    memory_kind: str | None  # "GPU allocated" or "process RSS"
+    memory_kind: str | None  # "GPU allocated", or "process PSS" (USS, RSS: the report's measure)
     usd_per_sample: float | None
     steady_steps: int
     fingerprint: dict[str, Any] = field(default_factory=dict)
@@ -108,11 +109,10 @@ def summarize_run(run: Run) -> RunSummary:
     if throughput is None and rates.steps_per_s is not None:
         throughput, unit = rates.steps_per_s, "steps/s"
     tel = analysis.telemetry
-    rss = [p.rss_bytes_max for p in tel.processes if p.rss_bytes_max is not None]
     if tel.gpu_allocated_peak_bytes is not None:
         memory, kind = float(tel.gpu_allocated_peak_bytes), "GPU allocated"
     else:
-        memory, kind = (float(max(rss)) if rss else None), "process RSS"
+        memory, kind = _process_memory(tel.processes)
     samples_per_usd = analysis.cost.figures.samples_per_usd if analysis.cost is not None else None
     return RunSummary(
         run_id=run.run_id,
@@ -126,6 +126,16 @@ def summarize_run(run: Run) -> RunSummary:
         steady_steps=min((r.steps for r in analysis.step_time.per_rank), default=0),
         fingerprint=fingerprint(run),
     )
+
+
+def _process_memory(processes: Sequence[ProcessTelemetry]) -> tuple[float | None, str]:
+    """The largest rank's process-tree memory peak, as the report states it, and its kind. A run recorded
+    before PSS was has "process RSS" (shared pages counted per process): compare skips peak memory
+    between it and a "process PSS" run rather than call the drop an improvement."""
+    peaks = [(p.memory_bytes_max, p.memory_measure) for p in processes if p.memory_bytes_max is not None]
+    if not peaks:
+        return None, "process RSS"
+    return float(max(b for b, _ in peaks)), "process " + "/".join(sorted({m.upper() for _, m in peaks}))
 
 
 # -- sides -------------------------------------------------------------------------------------------

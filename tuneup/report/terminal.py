@@ -140,11 +140,15 @@ def _communication_lines(comm: Communication | None) -> list[str]:
 def _hardware_lines(telemetry: Telemetry) -> list[str]:
     parts = []
     cpu = [p.cpu_percent_mean for p in telemetry.processes if p.cpu_percent_mean is not None]
-    rss = [p.rss_bytes_max for p in telemetry.processes if p.rss_bytes_max is not None]
+    memory = [p for p in telemetry.processes if p.memory_bytes_max is not None]
     if cpu:
         parts.append(f"process CPU {sum(cpu) / len(cpu):.0f}% per rank (100% = one core)")
-    if rss:
-        parts.append(f"peak RSS {_mib(max(rss))}")
+    if memory:
+        # The report's figure and measure: PSS where recorded (workers' shared pages once), else RSS.
+        peak = max(memory, key=lambda p: p.memory_bytes_max or 0)
+        measures = {p.memory_measure for p in memory}
+        label = f"peak {peak.memory_measure.upper()}" if len(measures) == 1 else "peak memory"
+        parts.append(f"{label} {_mib(peak.memory_bytes_max)}")
     gpus = [g for g in telemetry.gpus if g.util_percent_mean is not None]
     if len(gpus) <= LIST_EACH_UP_TO:
         parts.extend(f"GPU {g.index} utilization {g.util_percent_mean:.0f}%" for g in gpus)

@@ -8,10 +8,16 @@ The figures are drawn in hardware_plots.py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from tuneup.analyze.model import GpuTelemetry, HostTelemetry, ProcessTelemetry, RunAnalysis
+from tuneup.analyze.model import (
+    PROCESS_MEMORY_LABELS,
+    GpuTelemetry,
+    HostTelemetry,
+    ProcessTelemetry,
+    RunAnalysis,
+)
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import Block, Paragraph, Table, figures, table
 from tuneup.report.format import (
@@ -243,32 +249,66 @@ def _max(values: Any) -> float | None:
 # Processes
 
 
+# The memory column's header, by ProcessTelemetry.memory_measure; PROCESS_MEMORY_LABELS says what each is.
+_MEMORY_HEADERS = {"pss": "Peak PSS", "uss": "Peak USS", "rss": "Peak RSS"}
+
+
 def _processes(analysis: RunAnalysis) -> list[Block]:
     processes = analysis.telemetry.processes
     if not processes:
         return [Paragraph("No process telemetry was recorded.", True)]
     title = "Training processes (each rank with its children)"
+    memory_header, memory_cell, memory_note = _memory_column(processes)
     if len(processes) <= PER_ROW_LIMIT:
-        rows = [(text(p.rank), percent(p.cpu_percent_mean), size_bytes(p.rss_bytes_max)) for p in processes]
-        out: list[Block] = [table(title, ("Rank", "CPU mean", "Peak RSS"), rows, (1, 2))]
+        rows = [(text(p.rank), percent(p.cpu_percent_mean), memory_cell(p)) for p in processes]
+        out: list[Block] = [table(title, ("Rank", "CPU mean", memory_header), rows, (1, 2))]
     else:
         out = [
             spread_table(
                 f"{title}, spread across {plural(len(processes), 'rank')}",
                 [
                     ("CPU mean", [p.cpu_percent_mean for p in processes], percent),
-                    ("Peak RSS", [p.rss_bytes_max for p in processes], size_bytes),
+                    (memory_header, [p.memory_bytes_max for p in processes], size_bytes),
                 ],
             ),
         ]
-        extremes = _process_extremes(analysis, processes)
+        extremes = _process_extremes(analysis, processes, memory_header, memory_cell)
         if extremes is not None:
             out.append(extremes)
-    out.append(Paragraph("CPU % counts one fully busy core as 100%."))
+    out.append(Paragraph(f"CPU % counts one fully busy core as 100%. {memory_note}"))
     return out
 
 
-def _process_extremes(analysis: RunAnalysis, processes: Sequence[ProcessTelemetry]) -> Table | None:
+def _memory_column(
+    processes: Sequence[ProcessTelemetry],
+) -> tuple[str, Callable[[ProcessTelemetry], str], str]:
+    """The memory column's header, its cell and the note that says what it measures. Every rank of a
+    run normally has one measure; a rank whose host hid PSS says its own in its cell."""
+    order = {m: i for i, m in enumerate(_MEMORY_HEADERS)}
+    measures = sorted({p.memory_measure for p in processes}, key=lambda m: (order.get(m, len(order)), m))
+    if len(measures) == 1:
+        (measure,) = measures
+        header = _MEMORY_HEADERS.get(measure, "Peak memory")
+        return header, lambda p: size_bytes(p.memory_bytes_max), f"{header}: {_memory_label(measure)}."
+    note = "; ".join(f"{text(m).upper()}: {_memory_label(m)}" for m in measures)
+    return (
+        "Peak memory",
+        lambda p: f"{size_bytes(p.memory_bytes_max)} ({text(p.memory_measure).upper()})",
+        f"Ranks differ in what their peak memory measures. {note}.",
+    )
+
+
+def _memory_label(measure: str) -> str:
+    # A measure this version does not know (a newer writer's report.json) is named, not guessed at.
+    return PROCESS_MEMORY_LABELS.get(measure, f"peak memory ({text(measure)})")
+
+
+def _process_extremes(
+    analysis: RunAnalysis,
+    processes: Sequence[ProcessTelemetry],
+    memory_header: str,
+    memory_cell: Callable[[ProcessTelemetry], str],
+) -> Table | None:
     # The rank that holds the others back is picked too: its process is the first place to look.
     picked = pick_extremes(
         analysis,
@@ -277,7 +317,7 @@ def _process_extremes(analysis: RunAnalysis, processes: Sequence[ProcessTelemetr
         (
             ("highest CPU", lambda p: p.cpu_percent_mean, True),
             ("lowest CPU", lambda p: p.cpu_percent_mean, False),
-            ("largest RSS", lambda p: p.rss_bytes_max, True),
+            ("largest memory", lambda p: p.memory_bytes_max, True),
         ),
     )
     hosts = analysis.run.hosts
@@ -287,7 +327,7 @@ def _process_extremes(analysis: RunAnalysis, processes: Sequence[ProcessTelemetr
             text(p.rank),
             text(hosts.get(str(p.rank))),
             percent(p.cpu_percent_mean),
-            size_bytes(p.rss_bytes_max),
+            memory_cell(p),
         )
         for which, p in picked
     ]
@@ -295,7 +335,7 @@ def _process_extremes(analysis: RunAnalysis, processes: Sequence[ProcessTelemetr
         return None
     return table(
         f"Rank processes at the extremes ({EXTREMES} each)",
-        ("", "Rank", "Host", "CPU mean", "Peak RSS"),
+        ("", "Rank", "Host", "CPU mean", memory_header),
         rows,
         (3, 4),
     )

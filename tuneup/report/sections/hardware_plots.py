@@ -222,7 +222,7 @@ def draw_host(analysis: RunAnalysis) -> Drawn | None:
             note = (
                 "each rank's process tree: CPU, 100% = one busy core"
                 if kind == "cpu"
-                else "each rank's process tree: resident memory"
+                else "each rank's process tree: RSS summed over processes, an upper bound"
             )
             ax.set_title(note, loc="left", fontsize=9, fontweight="normal")
         else:
@@ -298,7 +298,8 @@ def _host_caption(
     if "cpu" in shown:
         parts.append("each rank's CPU use (100% is one busy core)")
     if "rss" in shown:
-        parts.append("its resident memory in GiB")
+        # The table's peak is PSS where recorded; this curve is the RSS sum, every tick, and says so.
+        parts.append("its resident memory in GiB summed over its processes (an upper bound)")
     if "net" in shown:
         parts.append("each host's network traffic in MB/s outside loopback")
     notes = [
