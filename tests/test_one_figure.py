@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tuneup import load_run
-from tuneup.compare.compare import _value
+from tuneup.compare.compare import format_value
 from tuneup.compare.runs import summarize_run
 from tuneup.report import analyze, write_report
-from tuneup.report.format import usd
+from tuneup.report.format import ms, number, usd
 
 from conftest import run_workload
 
@@ -45,16 +45,16 @@ def test_report_show_compare_and_loggers_state_the_same_figures(
     shown = subprocess.run(
         [sys.executable, "-m", "tuneup", "show", str(out)], capture_output=True, text=True, check=True
     ).stdout
-    assert f"{samples_per_s:,.1f} samples/s" in shown
-    assert f"mean {mean_ms:,.2f} ms" in shown
+    assert f"{number(samples_per_s)} samples/s" in shown
+    assert f"mean {ms(mean_ms)}" in shown
     assert usd(analysis.cost.price.usd_per_hour if analysis.cost.price else None) in shown
 
     # `tuneup compare` compares the same figures, and prints them as `show` does.
     summary = summarize_run(load_run(out))
     assert summary.throughput == samples_per_s and summary.step_time_ms == mean_ms
     assert summary.usd_per_sample == pytest.approx(1 / samples_per_usd)
-    assert _value(summary.throughput, "samples/s") in shown
-    assert _value(summary.step_time_ms, "ms").removesuffix(" ms") in shown
+    assert format_value(summary.throughput, "samples/s") in shown
+    assert format_value(summary.step_time_ms, "ms").removesuffix(" ms") in shown
 
     # The loggers get the same definition over each logging interval: rank 0's samples, times the world
     # size, over the interval's time; the step time is the interval's mean step.

@@ -25,6 +25,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SECTION_IDS = {sid for sid, _ in SECTIONS}
 # In page order: a section's figures follow the sections before it.
 EXPECTED_SECTIONS = {
+    "fit_timeline.png": "timeline",
     "step_breakdown.png": "step-time",
     "throughput.png": "timeseries",
     "step_time.png": "timeseries",
@@ -35,7 +36,9 @@ EXPECTED_SECTIONS = {
     "communication.png": "communication",
 }
 # The fixtures time no collectives; tests/test_report.py checks the communication plot of a real run.
-ALL_BUT_COMM = set(EXPECTED_SECTIONS) - {"communication.png"}
+# The fixture reports predate the job timeline (report.json has no "timeline"): the recorded-run test at
+# the end draws fit_timeline.png.
+ALL_BUT_COMM = set(EXPECTED_SECTIONS) - {"communication.png", "fit_timeline.png"}
 CPU_PLOTS = ALL_BUT_COMM - {"gpu_utilization.png"}
 PHASE_SHARES = {"data": 0.004, "forward": 0.317, "backward": 0.618, "optimizer": 0.037, "other": 0.024}
 
@@ -760,7 +763,7 @@ def test_every_figure_of_1024_ranks_on_128_hosts_renders(
 ) -> None:
     report = {**large_report, "communication": make_communication(1024, late=517)}
     files = render_plots(report, tmp_path)
-    check_plot_files(files, tmp_path, set(EXPECTED_SECTIONS))
+    check_plot_files(files, tmp_path, set(EXPECTED_SECTIONS) - {"fit_timeline.png"})  # a fixture: no timeline
     assert plot_warnings(caplog) == []
 
 
@@ -868,9 +871,23 @@ def _write_recorded_run(path: Path) -> Path:
     )
     for rank in range(2):
         w = RankWriter(path, rank)
-        w.open({"host": "gpu$node", "start_unix": t0, "timing": "host"})
+        # The fit's own times, as the callback records them: setup before t0, a save and a validation.
+        w.open(
+            {
+                "host": "gpu$node",
+                "start_unix": t0,
+                "timing": "host",
+                "fit_start_unix": t0 - 1.5,
+                "train_start_unix": t0,
+            }
+        )
+        w.add_event("sanity_check", t_start=t0 - 0.8, duration_ms=600.0)
         t = t0
         for s in range(60):
+            if s == 30:
+                w.add_event("validation", step=s, t_start=t, duration_ms=400.0)
+                w.add_event("checkpoint", step=s, t_start=t + 0.4, duration_ms=250.0)
+                t += 0.65
             wall = (900.0 if s == 0 else 50.0 + 5 * math.sin(s)) + 10 * rank
             t += wall / 1000
             phases = {
@@ -921,7 +938,7 @@ def _write_recorded_run(path: Path) -> Path:
                     for i in range(2)
                 ]
             w.add_telemetry(sample)
-        w.close(status="completed")
+        w.close(status="completed", train_end_unix=t + 0.05, fit_end_unix=t + 0.3, stop_reason="max_steps")
     return path
 
 
@@ -934,6 +951,6 @@ def test_a_recorded_run_through_analyze_run_renders_every_plot(
     original = copy.deepcopy(report)
     out = tmp_path / "plots"
     files = render_plots(report, out)
-    check_plot_files(files, out, ALL_BUT_COMM)
+    check_plot_files(files, out, ALL_BUT_COMM | {"fit_timeline.png"})
     assert report == original, "render_plots must not change the report it draws"
     assert plot_warnings(caplog) == []

@@ -186,7 +186,7 @@ def test_priced_per_gpu_hour_hand_computed_figures(gpu_run: Path, tmp_path: Path
         assert "$0.0972" in out
         assert "$0.0194" in out  # spent so far: 10 s at $7/h
         assert "$0.194" in out  # one epoch: 1,000 steps at 10/s = 100 s
-        assert "1,000 optimizer steps" in out and "1 min 40 s" in out
+        assert "1,000 training steps" in out and "1 min 40 s" in out
         assert "10.3 M" in out  # tokens per $: 72 M / 7
         assert "82,286" in out  # samples per $: 160 x 3,600 / 7
         # Projections: 900 steps to max_steps=1,000 in 90 s for $0.175; 1e9 tokens = 500,000 steps.

@@ -49,6 +49,7 @@ def micro_batch(
     opt: float | None,
     between: float = 0.0,
     samples: int = 4,
+    tail: float | None = None,
 ) -> None:
     timer.now_ms += data
     clock.batch_start(samples, None)
@@ -60,6 +61,9 @@ def micro_batch(
     if opt is not None:
         clock.before_optimizer()
         timer.now_ms += opt
+    if tail is not None:  # the optimizer's post-hook fired; the trainer's work to the batch end follows
+        clock.after_optimizer()
+        timer.now_ms += tail
     clock.batch_end()
 
 
@@ -67,12 +71,13 @@ def test_single_micro_batch_phases_tile_the_step() -> None:
     timer, out = ScriptedTimer(), []
     clock = StepClock(timer, out.append)
     clock.restart()
-    micro_batch(clock, timer, data=5, fwd=10, bwd=20, opt=3, between=2)
+    micro_batch(clock, timer, data=5, fwd=10, bwd=20, opt=3, between=2, tail=4)
     clock.close_step(0, 0)
     clock.drain()
     (rec,) = out
-    assert (rec["data_ms"], rec["forward_ms"], rec["backward_ms"], rec["optimizer_ms"]) == (5, 10, 20, 3)
-    assert rec["other_ms"] == 2 and rec["wall_ms"] == 40 and rec["micro_batches"] == 1 and rec["samples"] == 4
+    # after backward -> before optimizer (clipping, the closure's return) is the optimizer's too
+    assert (rec["data_ms"], rec["forward_ms"], rec["backward_ms"], rec["optimizer_ms"]) == (5, 10, 20, 5)
+    assert rec["other_ms"] == 4 and rec["wall_ms"] == 44 and rec["micro_batches"] == 1 and rec["samples"] == 4
 
 
 def test_accumulation_sums_micro_batches_into_one_step() -> None:
@@ -85,8 +90,10 @@ def test_accumulation_sums_micro_batches_into_one_step() -> None:
     clock.drain()
     (rec,) = out
     assert rec["micro_batches"] == 4 and rec["samples"] == 16
-    assert (rec["data_ms"], rec["forward_ms"], rec["backward_ms"], rec["optimizer_ms"]) == (4, 8, 12, 4)
-    assert rec["other_ms"] == pytest.approx(2.0) and rec["wall_ms"] == pytest.approx(30.0)
+    assert (rec["data_ms"], rec["forward_ms"], rec["backward_ms"]) == (4, 8, 12)
+    # the accumulating micro-batches' tails after their backward are other; the stepping one's is optimizer
+    assert rec["other_ms"] == pytest.approx(1.5) and rec["optimizer_ms"] == pytest.approx(4.5)
+    assert rec["wall_ms"] == pytest.approx(30.0)
 
 
 def test_restart_excludes_time_outside_training() -> None:
@@ -257,3 +264,119 @@ def test_drainer_run_now_works_on_the_callers_thread_one_at_a_time() -> None:
     failing = Drainer(broken, interval_s=60, on_error=errors.append)
     failing.run_now()  # reported, never raised into the training thread
     assert [str(e) for e in errors] == ["disk full"]
+
+
+def gan_batch(clock: StepClock, timer: ScriptedTimer, post_hook: bool = True) -> None:
+    """A GAN's manual step: discriminator forward, backward, step; generator forward, backward, step."""
+    timer.now_ms += 2  # data
+    clock.batch_start(8, None)
+    for fwd, bwd, opt in ((10, 20, 3), (11, 21, 4)):
+        timer.now_ms += fwd
+        clock.before_backward()
+        timer.now_ms += bwd
+        clock.after_backward()
+        timer.now_ms += 1  # toggling the optimizer, clipping
+        clock.before_optimizer()
+        timer.now_ms += opt
+        if post_hook:
+            clock.after_optimizer()
+    timer.now_ms += 5  # the trainer's work up to the batch end
+    clock.batch_end()
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_manual_optimization_with_two_optimizers_names_every_interval(deferred: bool) -> None:
+    timer, out = ScriptedTimer(deferred=deferred), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    for step in range(3):
+        gan_batch(clock, timer)
+        clock.close_step(step, 0)
+    clock.drain(force=True)
+    assert [r["step"] for r in out] == [0, 1, 2]
+    for r in out:
+        assert (r["data_ms"], r["forward_ms"], r["backward_ms"]) == (2, 21, 41)
+        assert (r["optimizer_ms"], r["sync_ms"], r["other_ms"]) == (9, 0, 5)  # both steps, plus 1 ms each
+        assert r["wall_ms"] == 78 and r["micro_batches"] == 1
+
+
+def test_without_the_optimizer_post_hook_the_generator_forward_is_not_lost() -> None:
+    # A skipped step (GradScaler found infs) fires no post-hook: the time up to the next backward is
+    # still counted, as optimizer time, and the step still tiles.
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    gan_batch(clock, timer, post_hook=False)
+    clock.close_step(0, 0)
+    clock.drain()
+    (r,) = out
+    assert r["backward_ms"] == 41 and r["wall_ms"] == 78
+    assert r["data_ms"] + r["forward_ms"] + r["optimizer_ms"] + r["other_ms"] == 37
+
+
+def test_trainer_collectives_between_batches_are_sync_and_excluded_time_is_no_steps() -> None:
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    micro_batch(clock, timer, data=1, fwd=1, bwd=1, opt=1, tail=1)
+    clock.close_step(0, 0)
+    timer.now_ms += 2  # other callbacks' batch-end hooks
+    clock.exclude_start()
+    timer.now_ms += 300  # a checkpoint save
+    clock.exclude_end()
+    clock.sync_start()
+    timer.now_ms += 7  # the SIGTERM flag broadcast, waiting for a slower rank
+    clock.sync_end()
+    clock.fetch_start()
+    timer.now_ms += 3
+    clock.fetch_end()
+    micro_batch(clock, timer, data=0, fwd=1, bwd=1, opt=1, tail=1)
+    clock.close_step(1, 0)
+    clock.drain()
+    r = out[1]
+    assert (r["sync_ms"], r["data_ms"], r["other_ms"]) == (7, 3, 3)
+    assert r["wall_ms"] == 16  # the save is in no step: the job timeline counts it
+
+
+def test_a_sync_inside_the_gap_without_fetch_marks_is_carved_out_of_data() -> None:
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    timer.now_ms += 4
+    clock.sync_start()
+    timer.now_ms += 6
+    clock.sync_end()
+    micro_batch(clock, timer, data=5, fwd=1, bwd=1, opt=1)
+    clock.close_step(0, 0)
+    clock.drain()
+    assert (out[0]["data_ms"], out[0]["sync_ms"], out[0]["wall_ms"]) == (9, 6, 18)
+
+
+def test_marks_inside_an_excluded_interval_are_excluded_with_it() -> None:
+    # Validation fetches its own batches (the fetch tap sees them) and a save inside it runs a barrier:
+    # none of it may leak into the next step.
+    timer, out = ScriptedTimer(), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    micro_batch(clock, timer, data=1, fwd=1, bwd=1, opt=1)
+    clock.close_step(0, 0)
+    clock.exclude_start()  # validation
+    for _ in range(3):
+        clock.fetch_start()
+        timer.now_ms += 10
+        clock.fetch_end()
+        timer.now_ms += 20
+    clock.exclude_start()  # a save inside it
+    clock.sync_start()
+    timer.now_ms += 5
+    clock.sync_end()
+    clock.exclude_end()
+    timer.now_ms += 1
+    clock.exclude_end()
+    clock.fetch_start()
+    timer.now_ms += 2
+    clock.fetch_end()
+    micro_batch(clock, timer, data=0, fwd=1, bwd=1, opt=1)
+    clock.close_step(1, 0)
+    clock.drain()
+    assert (out[1]["data_ms"], out[1]["sync_ms"], out[1]["wall_ms"]) == (2, 0, 5)

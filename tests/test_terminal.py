@@ -18,7 +18,7 @@ from tuneup.cost.figures import CostOptions
 from tuneup.cost.pricing import PriceChoice
 from tuneup.record import RankWriter, write_manifest
 from tuneup.report import analyze
-from tuneup.report.format import usd, usd_rate
+from tuneup.report.format import duration, ms, number, usd, usd_rate
 from tuneup.report.terminal import LIST_EACH_UP_TO, render_terminal
 
 EXAMPLE_RUN = Path(__file__).resolve().parents[1] / "reports" / "example" / "run"
@@ -38,12 +38,12 @@ def test_headline_figures_are_the_analysis_figures_formatted(example: RunAnalysi
     assert cost is not None and cost.price is not None and tp.samples_per_s and st.mean_ms and st.median_ms
     throughput = next(line for line in lines if line.startswith("  throughput "))
     assert throughput.startswith("  throughput (steady-state mean, all ranks): ")
-    assert f"{tp.samples_per_s:,.1f} samples/s" in throughput
-    assert f"{tp.tokens_per_s:,.1f} tokens/s" in throughput
-    assert f"{tp.steps_per_s:,.1f} optimizer steps/s" in throughput
+    assert f"{number(tp.samples_per_s)} samples/s" in throughput
+    assert f"{number(tp.tokens_per_s)} tokens/s" in throughput
+    assert f"{number(tp.steps_per_s)} training steps/s" in throughput
     # The step line names each statistic; the mean is the step the throughput is made of.
     assert (
-        f"  step time: mean {st.mean_ms:,.2f} ms, median {st.median_ms:,.2f} ms; "
+        f"  step time: mean {ms(st.mean_ms)}, median {ms(st.median_ms)}; "
         "where it goes, mean over all ranks:" in lines
     )
     for name, phase in st.phases.items():
@@ -63,11 +63,12 @@ def test_layout_is_the_readmes(example: RunAnalysis) -> None:
         "  world size 2 on 1 node(s) (vm); lightning.pytorch DDPStrategy, precision 32-true, accumulate 1"
     )
     assert lines[2] == "  model TinyLM: 437,760 parameters; batch size 16 per rank"
+    assert lines[3].startswith(f"  fit {duration(example.timeline.fit_wall_s)}: training steps ")
     assert (
-        lines[3]
+        lines[4]
         == f"  steps recorded {run.steps_recorded} per rank (first {example.warmup.steps} left out as warm-up)"
     )
-    assert lines[4] == ""
+    assert lines[5] == ""
     prefixes = [
         "  throughput ",
         "  step time: ",
@@ -77,8 +78,8 @@ def test_layout_is_the_readmes(example: RunAnalysis) -> None:
         "  hardware: process CPU ",
         "  cost: ",
     ]
-    assert len(lines) == 5 + len(prefixes)
-    for line, prefix in zip(lines[5:], prefixes, strict=True):
+    assert len(lines) == 6 + len(prefixes)
+    for line, prefix in zip(lines[6:], prefixes, strict=True):
         assert line.startswith(prefix), (line, prefix)
     comm = example.communication
     assert comm is not None and comm.comm_ms_per_step and comm.share_of_step and comm.exposed_ms_per_step

@@ -15,12 +15,19 @@ _said: set[str] = set()
 _said_lock = threading.Lock()
 
 
-def warn_once(key: str, message: str, *, level: int = logging.WARNING) -> bool:
-    """Log `message` the first time `key` is seen in this process; return whether it was logged."""
+def first_time(key: str) -> bool:
+    """True the first time `key` is seen in this process."""
     with _said_lock:
         if key in _said:
             return False
         _said.add(key)
+        return True
+
+
+def warn_once(key: str, message: str, *, level: int = logging.WARNING) -> bool:
+    """Log `message` the first time `key` is seen in this process; return whether it was logged."""
+    if not first_time(key):
+        return False
     logger.log(level, "tuneup: %s", message)
     return True
 

@@ -1,11 +1,15 @@
 """`TuneupCallback`: per-step timing and telemetry of a Lightning training run, written as a run record.
 
-Hooks used, in the order Lightning fires them per micro-batch (see tuneup.collect.step_clock):
+Hooks used, in the order Lightning fires them per batch (see tuneup.collect.step_clock):
 `on_train_batch_start` -> `on_before_backward` -> `on_after_backward` -> `on_before_optimizer_step`
-(last micro-batch of an optimizer step only) -> `on_train_batch_end`. A step closes at the batch end at
-which `trainer.global_step` moved. `setup` agrees on the run directory across ranks (one broadcast, once);
-`on_train_start` writes the manifest (rank 0) and starts the telemetry sampler; `on_train_end`,
-`on_exception` and `teardown` all close the record, whichever comes first.
+(when an optimizer steps) -> `on_train_batch_end`; manual optimization may repeat the middle three.
+`trainer_taps` adds the marks Lightning has no hook for (an optimizer step's end, the trainer's own
+collectives, checkpoint saves). A step closes at the batch end at which `trainer.global_step` moved (by
+one per optimizer stepped), so a step is a batch that stepped the optimizers, Lightning's training step.
+`setup` agrees on the run directory across ranks (one broadcast, once); `on_train_start` writes the
+manifest (rank 0) and starts the telemetry sampler; `on_train_end`, `on_exception` and `teardown` all
+close the record, whichever comes first. The fit's own times (setup, sanity check, validation, saves,
+teardown) are recorded for the job timeline.
 
 Every hook is guarded: if tuneup itself fails, it warns once, stops recording, and training goes on.
 """
@@ -16,13 +20,14 @@ import contextlib
 import functools
 import os
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tuneup._log import info_once, warn_once
+from tuneup._log import first_time, info_once, warn_once
 from tuneup.analyze.throughput import rate_per_s
 from tuneup.collect.batch import BatchCounter
 from tuneup.collect.comm import CommProbe
@@ -32,7 +37,9 @@ from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
 from tuneup.cost.pricing import PriceChoice, check_choice, choice_from_env
 from tuneup.plugins.lightning.fetch_tap import FetchTap, fetch_actions
-from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, trainer_config
+from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, stop_reason, trainer_config
+from tuneup.plugins.lightning.run_dir_handoff import RunDirHandoff
+from tuneup.plugins.lightning.trainer_taps import TrainerTaps
 from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE, new_run_id
 from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
@@ -135,6 +142,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         count_flops: count the FLOPs of the first micro-batch once (torch's FlopCounterMode; that one
             micro-batch runs several times slower) for achieved FLOP/s and MFU.
         flops_per_sample: your own FLOPs per sample (forward and backward), instead of counting.
+        profile_steps: capture this many training steps with ``torch.profiler`` on each rank (off: 0). The
+            Chrome trace is written beside the record (``rank-<r>/trace.json``: open it in Perfetto) and the
+            report shows the top operators of each phase. Profiled steps run slower; nothing is done when 0.
+        profile_start_step: how many steps into the fit profiling starts (default 10: past warm-up).
 
     Without ``instance`` or ``price_per_hour``, the environment may price the run: ``TUNEUP_INSTANCE``
     (with ``TUNEUP_SPOT=1``, ``TUNEUP_CATALOG``) or ``TUNEUP_PRICE_PER_HOUR`` (with ``TUNEUP_PRICE_PER``).
@@ -168,6 +179,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         electricity_usd_per_kwh: float | None = None,
         count_flops: bool = True,
         flops_per_sample: float | None = None,
+        profile_steps: int = 0,
+        profile_start_step: int = 10,
     ) -> None:
         super().__init__()
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
@@ -207,11 +220,26 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             _check_positive("flops_per_sample", flops_per_sample)
         self.flops_per_sample = flops_per_sample
         self.count_flops = bool(count_flops) and flops_per_sample is None
+        if profile_steps:
+            _check_positive("profile_steps", profile_steps, int)
+        if (
+            isinstance(profile_start_step, bool)
+            or not isinstance(profile_start_step, int)
+            or profile_start_step < 0
+        ):
+            raise ValueError(
+                f"TuneupCallback(profile_start_step=...) must be a non-negative integer, got {profile_start_step!r}"
+            )
+        self.profile_steps = int(profile_steps)
+        self.profile_start_step = profile_start_step
+        self._profiler: Any = None
         self._flops = MicroBatchFlopCounter()
         self._flops_batch: tuple[int | None, int | None, int] | None = None  # samples, tokens, step
         self._flops_done = False
 
-        self.run_dir: Path | None = None
+        self._run_dir: Path | None = None
+        # Under ddp_spawn the fit runs in worker processes: rank 0 leaves the run directory here for this one.
+        self._handoff = RunDirHandoff()
         self.run_id: str | None = None
         self._writer: RankWriter | None = None
         self._clock: StepClock | None = None
@@ -223,6 +251,14 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._rank = 0
         self._world_size = 1
         self._seen_global_step = 0
+        self._steps_done = 0  # training steps completed: the next step's id
+        self._first_batch = True
+        self._taps: TrainerTaps | None = None
+        # Unix times of the fit's stages on this rank, for the job timeline (written to info.json).
+        self._fit_times: dict[str, float] = {}
+        self._pending_events: list[tuple[str, dict[str, Any]]] = []  # before the record is open
+        self._sanity_started: float | None = None
+        self._saving_since: float | None = None
         self._device: Any = None
         self._validation_started: float | None = None
         self._automatic_optimization = True
@@ -235,6 +271,17 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._log_queue: deque[tuple[int, dict[str, float]]] = deque()
         # The steps since the last log, summed: the logged figures are means over them (drainer thread).
         self._log_window: list[dict[str, Any]] = []
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run directory this fit wrote; also in the process that launched ddp_spawn workers."""
+        if self._run_dir is None:
+            self._run_dir = self._handoff.take()
+        return self._run_dir
+
+    @run_dir.setter
+    def run_dir(self, value: Path | None) -> None:
+        self._run_dir = value
 
     # -- failure handling --------------------------------------------------------------------------
 
@@ -254,6 +301,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._writer, self._clock, self._sampler, self._drainer = None, None, None, None
             self._closed, self._peak_mem_bytes, self._flops_done = False, None, False
             self._segment = None
+            self._pending_events = []
+        # The fit as this rank sees it starts here: after the process group is up and data is prepared.
+        self._fit_times = {"fit_start_unix": time.time(), **_process_start()}
         self._trainer = trainer
         self._rank = int(trainer.global_rank)
         self._world_size = int(trainer.world_size)
@@ -271,6 +321,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._disable("no run directory could be chosen")
             return
         self.run_dir, self.run_id, self._segment = Path(where[0]), where[1], where[2]
+        if self._rank == 0:
+            self._handoff.publish(self.run_dir)
         self._writer = RankWriter(self.run_dir, self._rank, self.policy)
         if self._world_size > 1 and self.profile_communication:
             # Now, before the strategy wraps the model: Lightning registers the DDP comm hook in
@@ -339,6 +391,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             )
             return
         self.run_dir, self.run_id = Path(where[0]), str(state.get("run_id"))
+        if self._rank == 0:
+            self._handoff.publish(self.run_dir)
         self._segment = {**where[1], "restart_count": elastic_identity()[1]}
         self._writer = RankWriter(self.run_dir, self._rank, self.policy)
 
@@ -351,12 +405,22 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._device = getattr(pl_module, "device", None)
         self._automatic_optimization = bool(getattr(pl_module, "automatic_optimization", True))
         self._seen_global_step = int(trainer.global_step)
+        self._steps_done = _training_steps_done(trainer, self._automatic_optimization)
+        self._first_batch = True
+        started = time.time()
         self._continue_resumed_run(trainer)
         timer = self._make_timer()
         self._clock = StepClock(
             timer, self._on_step_resolved, max_pending=self.policy.flush_every_steps + self.max_lag_steps
         )
+        # The training loop starts when this hook is done: tuneup's own start-up (the manifest, the
+        # environment's capture, the sampler) is part of the setup, and said so.
+        self._fit_times["tuneup_start_s"] = 0.0
+        self._fit_times["train_start_unix"] = started
         self._writer.open(self._rank_info(trainer, timer.kind))
+        for kind, fields in self._pending_events:
+            self._writer.add_event(kind, **fields)
+        self._pending_events = []
         if self._rank == 0:
             self._write_manifest(trainer, pl_module)
         self._start_sampler(trainer)
@@ -376,7 +440,73 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             thread_init=_cuda_thread_init(self._device),
         )
         self._drainer.start()
+        self._install_taps(trainer)
+        if self.profile_steps and self.run_dir is not None:
+            from tuneup.collect.profiler import StepProfiler
+            from tuneup.record.schema import rank_dir_name
+
+            self._profiler = StepProfiler(
+                self.run_dir / rank_dir_name(self._rank),
+                steps=self.profile_steps,
+                start_step=self._steps_done + self.profile_start_step,
+                rank=self._rank,
+            )
+            self._clock.listener = self._profiler.phase
         self._restart_clock()
+        done = time.time()
+        self._fit_times["tuneup_start_s"] = done - started
+        self._fit_times["train_start_unix"] = done
+
+    def _install_taps(self, trainer: Any) -> None:
+        clock = self._clock
+        assert clock is not None
+
+        def guard(mark: Callable[[], None]) -> Callable[[], None]:
+            # Runs inside the trainer's methods and torch's optimizer step: it must never raise into them.
+            def call() -> None:
+                if not self._disabled:
+                    try:
+                        mark()
+                    except Exception as exc:
+                        self._disable(f"a trainer mark failed with {type(exc).__name__}: {exc}")
+
+            return call
+
+        self._taps = TrainerTaps(
+            guard,
+            on_sync_start=clock.sync_start,
+            on_sync_end=clock.sync_end,
+            on_save_start=self._save_started,
+            on_save_end=self._save_ended,
+            on_optimizer_step_end=clock.after_optimizer,
+        )
+        self._taps.install(trainer)
+
+    def _save_started(self) -> None:
+        if self._saving_since is None:  # a save inside a save (a subclass calling super) is one save
+            self._saving_since = time.time()
+            if self._clock is not None:
+                self._clock.exclude_start()
+
+    def _save_ended(self) -> None:
+        started, self._saving_since = self._saving_since, None
+        if started is None:
+            return
+        if self._clock is not None:
+            self._clock.exclude_end()
+        self._add_event(
+            "checkpoint",
+            step=self._steps_done,
+            t_start=round(started, 3),
+            duration_ms=round((time.time() - started) * 1000.0, 3),
+        )
+
+    def _add_event(self, kind: str, **fields: Any) -> None:
+        """An event now, or at on_train_start if the record is not open yet (setup, sanity check)."""
+        if self._writer is not None and self._clock is not None:
+            self._writer.add_event(kind, **fields)
+        else:
+            self._pending_events.append((kind, fields))
 
     def _restart_clock(self) -> None:
         """Time before this point belongs to no step: nor do collectives issued in it (setup, validation)."""
@@ -394,6 +524,13 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             return
         dropped = getattr(trainer.strategy, "_ddp_comm_hook", None)
         if dropped is not None and not comm.on_cuda:
+            if self._writer is not None:
+                # In the record too, so that the report says it: the training log is easily missed.
+                self._writer.add_event(
+                    "ddp_comm_hook_dropped",
+                    hook=str(getattr(dropped, "__qualname__", None) or dropped)[:200],
+                    reason="Lightning applies ddp_comm_hook only on CUDA devices",
+                )
             warn_once(
                 "ddp-hook-dropped",
                 f"Lightning ignores ddp_comm_hook off CUDA: {getattr(dropped, '__qualname__', dropped)} is not "
@@ -476,7 +613,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             "device_bus_id": _cuda_bus_id(self._device),
             "timing": timing,
             "start_unix": round(time.time(), 3),
-            "global_step_at_start": self._seen_global_step,
+            # tuneup's step ids count training steps (batches that stepped); Lightning's global_step counts
+            # every optimizer's steps, which differs under manual optimization with several optimizers.
+            "global_step_at_start": self._steps_done,
+            "optimizer_steps_at_start": self._seen_global_step,
+            **{k: round(v, 3) for k, v in self._fit_times.items()},
         }
 
     def _write_manifest(self, trainer: Any, pl_module: Any) -> None:
@@ -489,7 +630,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             "elastic_run_id": elastic_identity()[0],
             "segment": {
                 **(self._segment or {"index": 0, "reason": "start"}),
-                "global_step_at_start": self._seen_global_step,
+                "global_step_at_start": self._steps_done,
                 "checkpoint": str(trainer.ckpt_path) if getattr(trainer, "ckpt_path", None) else None,
             },
             "world_size": self._world_size,
@@ -544,11 +685,17 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._clock is None:
             return
+        if self._first_batch:
+            self._first_batch = False
+            if not self._clock.pending and not self._clock.micro_batches:
+                self._steps_done = _training_steps_done(trainer, self._automatic_optimization)
         samples, tokens = self.counter.samples(batch), self.counter.tokens(batch)
+        if self._profiler is not None:
+            self._profiler.batch_start(self._steps_done)
         self._clock.batch_start(samples, tokens)
         if self.count_flops and not self._flops_done:
             self._flops_done = True  # once, even if counting fails
-            self._flops_batch = (samples, tokens, int(trainer.global_step))
+            self._flops_batch = (samples, tokens, self._steps_done)
             self._flops.start()
 
     @_guarded
@@ -586,12 +733,16 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             clock.add_loss(loss if self._automatic_optimization else loss.detach())
         global_step = trainer.global_step
         if global_step == self._seen_global_step:
-            return  # still accumulating gradients: the optimizer step is not done yet
+            if self._profiler is not None:
+                self._profiler.batch_end()
+            return  # still accumulating gradients: no optimizer stepped in this batch
+        # global_step moves once per optimizer stepped: a GAN's batch moves it by two, and is one step.
         self._seen_global_step = global_step
         if clock.loss is not None and not self._automatic_optimization and clock.micro_batches > 1:
             # Lightning divides each micro-batch loss by the accumulation count only in automatic optimization.
             clock.loss = clock.loss / clock.micro_batches
-        step = global_step - 1
+        step = self._steps_done
+        self._steps_done += 1
         if step % PEAK_MEMORY_EVERY_STEPS == 0 or self._peak_mem_bytes is None:
             self._peak_mem_bytes = _peak_memory_bytes(self._device)
         clock.close_step(
@@ -600,6 +751,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             peak_mem_bytes=self._peak_mem_bytes,
             comm=self._comm.take() if self._comm is not None else None,
         )
+        if self._profiler is not None:
+            self._profiler.step_end(step)
         # Records are built and written on the drainer's thread (which also wakes every flush_every_s).
         if clock.pending >= self.policy.flush_every_steps and self._drainer is not None:
             self._drainer.wake()
@@ -619,29 +772,45 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     # -- between steps -----------------------------------------------------------------------------
 
     @_guarded
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        self._sanity_started = time.time()
+
+    @_guarded
+    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+        started, self._sanity_started = self._sanity_started, None
+        if started is not None:
+            duration_ms = (time.time() - started) * 1000.0
+            self._add_event("sanity_check", t_start=round(started, 3), duration_ms=round(duration_ms, 3))
+
+    @_guarded
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.sanity_checking and self._clock is not None:
-            self._validation_started = time.perf_counter()
+            self._validation_started = time.time()
+            # Validation is part of no training step: the job timeline counts it on its own.
+            self._clock.exclude_start()
 
     @_guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self._validation_started is None or self._clock is None:
             return
-        duration_ms = (time.perf_counter() - self._validation_started) * 1000.0
-        self._validation_started = None
-        if self._writer is not None:
-            self._writer.add_event(
-                "validation", step=int(trainer.global_step), duration_ms=round(duration_ms, 3)
-            )
-        # Validation is not part of any training step: the next step's data wait starts now.
-        self._restart_clock()
+        started, self._validation_started = self._validation_started, None
+        self._clock.exclude_end()
+        if self._comm is not None:
+            self._comm.take()  # collectives of the validation's forward passes are no step's
+        self._add_event(
+            "validation",
+            step=self._steps_done,
+            t_start=round(started, 3),
+            duration_ms=round((time.time() - started) * 1000.0, 3),
+        )
 
     @_guarded
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         if self._clock is not None:
             self._clock.checkpoint = True
-        if self._writer is not None:
-            self._writer.add_event("checkpoint", step=int(trainer.global_step))
+        if self._saving_since is None:
+            # Saved by a path that bypasses trainer.save_checkpoint: seen, but its duration is unknown.
+            self._add_event("checkpoint", step=self._steps_done, t_start=round(time.time(), 3))
 
     # -- resolved steps ----------------------------------------------------------------------------
 
@@ -696,7 +865,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
 
     @_guarded
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._shutdown("completed")
+        self._fit_times["train_end_unix"] = time.time()
+        self._shutdown("completed", stop_reason=stop_reason(trainer))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         try:
@@ -713,15 +883,38 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         try:
+            was_closed = self._closed
             self._shutdown("teardown")
+            if stage == "fit" and self._writer is not None and self._writer.closed:
+                # The fit's teardown (strategy teardown, on_fit_end) follows on_train_end: its end is the
+                # fit's, which the job timeline needs.
+                self._writer.amend_info(fit_end_unix=round(time.time(), 3))
+                if was_closed and self._rank == 0:
+                    self._closing_line()
         except Exception as exc:
             warn_once("teardown", f"closing the record at teardown failed: {exc}")
 
-    def _shutdown(self, status: str) -> None:
+    def _closing_line(self) -> None:
+        # Printed, not logged: Python shows no INFO record unless the user configured logging, and this
+        # one line is how a user learns where the record went.
+        if self.run_dir is not None and first_time(f"wrote:{self.run_dir}"):
+            print(
+                f"tuneup: run record written to {self.run_dir}; report it with: tuneup report {self.run_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _shutdown(self, status: str, stop_reason: str | None = None) -> None:
         if self._closed or self._writer is None:
             return
         self._closed = True
         self._flops.stop()  # a micro-batch that raised while being counted: leave the dispatch mode
+        if self._taps is not None:
+            self._taps.remove()
+            self._taps = None
+        if self._profiler is not None:
+            self._profiler.close()
+            self._profiler = None
         try:
             if self._drainer is not None:
                 self._drainer.stop()
@@ -738,9 +931,39 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             if self._sampler is not None:
                 self._sampler.stop()
             data_timing = "fetch" if self._clock is not None and self._clock.fetch_marks_seen else "gap"
-            self._writer.close(status=status, data_timing=data_timing)
-            if self._rank == 0 and self.run_dir is not None:
-                info_once(f"wrote:{self.run_dir}", f"run record written to {self.run_dir}")
+            times = {k: round(v, 3) for k, v in self._fit_times.items()}
+            self._writer.close(
+                status=status,
+                data_timing=data_timing,
+                stop_reason=stop_reason,
+                steps_at_end=self._steps_done,
+                optimizer_steps_at_end=self._seen_global_step,
+                **times,
+            )
+            if self._rank == 0 and status != "completed":
+                self._closing_line()  # no teardown may follow an exception
+
+
+def _training_steps_done(trainer: Any, automatic: bool) -> int:
+    """Training steps (batches that stepped the optimizers) done before this fit, restored from a
+    checkpoint when resuming. With automatic optimization one optimizer steps once per step: global_step.
+    Manual optimization may step several: Lightning's own count of batches that stepped (kept for its
+    loggers, restored from checkpoints; read again at the first batch, once its loop has settled it)."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    done = getattr(loop, "_batches_that_stepped", None)
+    if automatic or not isinstance(done, int):
+        return int(trainer.global_step)
+    return int(done)
+
+
+def _process_start() -> dict[str, float]:
+    """When this process started (imports, data preparation and launching come before the fit)."""
+    try:
+        import psutil
+
+        return {"process_start_unix": float(psutil.Process().create_time())}
+    except Exception:
+        return {}
 
 
 def _is_compiled(pl_module: Any) -> bool:

@@ -23,6 +23,9 @@ def trainer_config(trainer: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
         "namespace": type(trainer).__module__.split(".trainer")[0],
         "strategy": type(strategy).__name__ if strategy is not None else None,
+        # How the ranks were started: "popen" (ddp: the script run again per rank), "spawn" or "fork"
+        # (ddp_spawn, ddp_fork: workers of the launching process); None for one process.
+        "start_method": _get(strategy, "_start_method"),
         "accelerator": type(accelerator).__name__ if accelerator is not None else None,
         "precision": _get(trainer, "precision"),
         "accumulate_grad_batches": _get(trainer, "accumulate_grad_batches"),
@@ -40,7 +43,14 @@ def trainer_config(trainer: Any) -> dict[str, Any]:
         "gradient_clip_algorithm": _get(trainer, "gradient_clip_algorithm"),
         "log_every_n_steps": _get(trainer, "log_every_n_steps"),
         "global_step_at_start": _get(trainer, "global_step"),
+        "fast_dev_run": _get(trainer, "fast_dev_run"),
+        "num_sanity_val_steps": _get(trainer, "num_sanity_val_steps"),
+        "max_time_s": max_time_s(trainer),
     }
+    try:
+        config["optimizers"] = len(trainer.optimizers)
+    except Exception:
+        config["optimizers"] = None
     try:
         config["device_ids"] = [int(i) for i in trainer.device_ids]
     except Exception:
@@ -55,6 +65,44 @@ def trainer_config(trainer: Any) -> dict[str, Any]:
     except Exception:
         config["callbacks"] = None
     return config
+
+
+def max_time_s(trainer: Any) -> float | None:
+    """`Trainer(max_time=...)` in seconds: Lightning implements it as a `Timer` callback."""
+    for cb in getattr(trainer, "callbacks", None) or []:
+        if type(cb).__name__ == "Timer":
+            duration = getattr(cb, "_duration", None)
+            if isinstance(duration, (int, float)):
+                return float(duration)
+    return None
+
+
+def stop_reason(trainer: Any) -> str:
+    """Why the fit loop ended, as far as the trainer's state tells (called at on_train_end)."""
+    try:
+        if getattr(trainer, "fast_dev_run", False):
+            return "fast_dev_run"
+        max_steps = getattr(trainer, "max_steps", -1)
+        if isinstance(max_steps, int) and max_steps >= 0 and trainer.global_step >= max_steps:
+            return "max_steps"
+        for cb in trainer.callbacks:
+            name = type(cb).__name__
+            if name == "Timer" and getattr(cb, "_duration", None) is not None:
+                remaining = cb.time_remaining()
+                if remaining is not None and remaining <= 0:
+                    return "max_time"
+            if name == "EarlyStopping" and getattr(cb, "stopped_epoch", 0):
+                return "early_stopping"
+        if getattr(trainer, "received_sigterm", False):
+            return "sigterm"
+        if getattr(trainer, "should_stop", False):
+            return "should_stop"
+        max_epochs = getattr(trainer, "max_epochs", None)
+        if isinstance(max_epochs, int) and max_epochs >= 0 and trainer.current_epoch >= max_epochs:
+            return "max_epochs"
+    except Exception:
+        return "unknown"
+    return "end_of_data"
 
 
 def _first_dataloader(obj: Any, depth: int = 0) -> Any:

@@ -161,7 +161,7 @@ def make_trainer(
         accumulate_grad_batches=accumulate,
         callbacks=callbacks,
         logger=kwargs.pop("logger", False),
-        enable_checkpointing=False,
+        enable_checkpointing=kwargs.pop("enable_checkpointing", False),
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=root,

@@ -6,21 +6,27 @@ answers its question, from typed inputs; this module only decides the order and 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from tuneup._version import __version__
 from tuneup.analyze.communication import communication_section
+from tuneup.analyze.contention import cpu_contention
 from tuneup.analyze.data_loading import data_loading
 from tuneup.analyze.findings import findings
 from tuneup.analyze.interruptions import interruptions_section
 from tuneup.analyze.model import REPORT_SCHEMA_VERSION, Environment, RunAnalysis
+from tuneup.analyze.operators import operators_section
 from tuneup.analyze.rank_spread import ranks_section
 from tuneup.analyze.ranks import find_straggler, rank_profile
-from tuneup.analyze.run_info import run_info, run_span, warmup
+from tuneup.analyze.record_events import event_findings
+from tuneup.analyze.run_info import no_steady_state, run_info, run_span, warmup
+from tuneup.analyze.slow_periods import slow_periods
 from tuneup.analyze.steady import warmup_steps
 from tuneup.analyze.telemetry import run_telemetry
 from tuneup.analyze.telemetry_section import telemetry
 from tuneup.analyze.throughput import step_time, throughput
+from tuneup.analyze.timeline import timeline
 from tuneup.analyze.timeseries import timeseries
 from tuneup.cost.figures import CostOptions, cost_inputs, cost_section
 from tuneup.record.schema import Run
@@ -49,19 +55,30 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
     """
     inputs, cost_warnings = cost_inputs(run, cost)
     warm = {r: warmup_steps([s.wall_ms for s in rec.steps]) for r, rec in run.ranks.items()}
-    steady = {r: rec.steps[warm[r] :] for r, rec in run.ranks.items() if rec.steps[warm[r] :]}
+    # Too short a run (fast_dev_run, a handful of steps) has no steady state: no figure is quoted from it.
+    steady = (
+        {}
+        if no_steady_state(run, warm)
+        else {r: rec.steps[warm[r] :] for r, rec in run.ranks.items() if rec.steps[warm[r] :]}
+    )
     profiles = [rank_profile(r, steps) for r, steps in sorted(steady.items())]
     straggler = find_straggler(profiles)
     t0, t_end = run_span(run)
+    fit_timeline = timeline(run)
 
     info = run_info(run, t0, t_end)
     warm_up = warmup(run, warm, max((steps[0].step for steps in steady.values()), default=None))
     rates = throughput(steady)
     steps = step_time(steady, profiles)
+    steps = dataclasses.replace(steps, slow_periods=slow_periods(steady))
     ranks = ranks_section(profiles, straggler, run.rank_hosts)
     loading = data_loading(run, steady, steps.median_ms)
     gpu_peaks = [s.peak_mem_bytes for steps in steady.values() for s in steps if s.peak_mem_bytes]
-    tel = telemetry(run_telemetry(run, t0), max(gpu_peaks) if gpu_peaks else None)
+    sampled = run_telemetry(run, t0)
+    tel = telemetry(sampled, max(gpu_peaks) if gpu_peaks else None)
+    tel = dataclasses.replace(
+        tel, cpu_contention=cpu_contention(sampled, run.rank_hosts, info.hardware.cpu_count)
+    )
     comm = communication_section(run, steady)
     price = inputs.price
     per_device_hour = price.usd_per_hour / price.devices if price is not None and price.devices else None
@@ -85,8 +102,10 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
         telemetry=tel,
         environment=_environment(run),
         communication=comm,
-        cost=cost_section(run, inputs, info, rates, tel),
-        findings=findings(info, warm_up, steps, loading, tel, comm, ranks.straggler),
+        cost=cost_section(run, inputs, info, rates, tel, fit_timeline),
+        findings=event_findings(run) + findings(info, warm_up, steps, loading, tel, comm, ranks.straggler),
         warnings=warnings,
         interruptions=interruptions_section(segments or [run], per_device_hour),
+        timeline=fit_timeline,
+        operators=operators_section(run, {k: p.ms for k, p in steps.phases.items()}, steps.mean_ms),
     )

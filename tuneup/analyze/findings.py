@@ -6,6 +6,9 @@ Thresholds are named here, with the reason for each, so a reader of a finding ca
 
 from __future__ import annotations
 
+import dataclasses
+
+from tuneup.analyze.contention import CONTENDED_HOST_BUSY_PERCENT, CONTENDED_OTHERS_PERCENT
 from tuneup.analyze.model import (
     Communication,
     DataLoading,
@@ -16,6 +19,7 @@ from tuneup.analyze.model import (
     Telemetry,
     Warmup,
 )
+from tuneup.analyze.throughput import MIN_STEPS_FOR_SPREAD
 
 # Input waits above this share of the step leave the accelerator idle often enough to matter.
 DATA_WAIT_SHARE = 0.10
@@ -32,6 +36,16 @@ LONG_WARMUP_SHARE = 0.10
 GPU_MEMORY_FULL_SHARE = 0.95
 # Throttle reasons that mean the GPU ran slower than it could for reasons outside the workload.
 SERIOUS_THROTTLES = frozenset({"hw_slowdown", "hw_thermal", "sw_thermal", "hw_power_brake"})
+# A p95 step more than twice the median: one step in twenty takes twice the typical one or longer, so the
+# mean (and the throughput) is carried by the tail, and a second run of the same job can read differently.
+# A steady GPU step's p95 sits within ~10% of its median; a loaded CPU host's within ~50%.
+HEAVY_TAIL_P95_OVER_MEDIAN = 2.0
+# A slow period (slow_periods.py) is a finding from this share of the steady time: a shorter one moves the
+# figures by less than their run-to-run noise. At most this many are named, the costliest first.
+SLOW_PERIOD_SHARE = 0.02
+MAX_SLOW_PERIOD_FINDINGS = 3
+# Up to this many contended hosts get a finding each; more (a shared cluster) get one finding together.
+MAX_CONTENDED_HOSTS_NAMED = 3
 
 
 def findings(
@@ -131,6 +145,9 @@ def findings(
                     "gpu_lost", "warning", f"{name} stopped answering NVML", "NVML reported the GPU lost."
                 )
             )
+    out.extend(_contention_findings(telemetry))
+    out.extend(_slow_period_findings(step_time))
+    out.extend(_noise_findings(step_time))
     out.extend(_communication_findings(communication))
     if warmup.share >= LONG_WARMUP_SHARE and warmup.steps > 1:
         out.append(
@@ -161,6 +178,115 @@ def findings(
                 f"{len(unclosed)} rank(s) stopped without closing",
                 f"Rank(s) {', '.join(unclosed)} were killed or are still running; "
                 "their last flush interval is missing.",
+            )
+        )
+    return out
+
+
+def _contention_findings(telemetry: Telemetry) -> list[Finding]:
+    contended = sorted((c for c in telemetry.cpu_contention if c.contended), key=lambda c: -c.contended_share)
+    if len(contended) > MAX_CONTENDED_HOSTS_NAMED:
+        # A shared cluster: one finding for all of them, not one per host.
+        worst = contended[:MAX_CONTENDED_HOSTS_NAMED]
+        return [
+            Finding(
+                "cpu_contention",
+                "warning",
+                f"{len(contended)} of {len(telemetry.cpu_contention)} hosts had their CPU taken by other processes",
+                f"Other processes used at least {CONTENDED_OTHERS_PERCENT:.0f}% of the cores of a host at least "
+                f"{CONTENDED_HOST_BUSY_PERCENT:.0f}% busy; the most contended: "
+                + "; ".join(
+                    f"{c.host or '?'} for {c.contended_share:.0%} of the run (others "
+                    f"{c.others_percent_mean or 0:.0f}% of its {c.cores} cores on average)"
+                    for c in worst
+                ),
+            )
+        ]
+    out = []
+    for c in contended:
+        where = f"Host {c.host}" if c.host else "The host"
+        ranks = "rank" if len(c.ranks) == 1 else "ranks"
+        its = "its" if len(c.ranks) == 1 else "their"
+        out.append(
+            Finding(
+                "cpu_contention",
+                "warning",
+                f"{where}'s CPU was taken by other processes for {c.contended_share:.0%} of the run",
+                f"In {c.contended_share:.0%} of {c.samples} telemetry samples the host was at least "
+                f"{CONTENDED_HOST_BUSY_PERCENT:.0f}% busy while processes other than the training's used at "
+                f"least {CONTENDED_OTHERS_PERCENT:.0f}% of its {c.cores} cores. Mean over the run, in shares "
+                f"of the host's {c.cores} cores: host busy {c.host_busy_percent_mean or 0:.0f}%, the training "
+                f"({ranks} {', '.join(map(str, c.ranks))} with {its} workers) "
+                f"{c.training_percent_mean or 0:.0f}%, others {c.others_percent_mean or 0:.0f}%. Step times "
+                "measured on a contended host are slower and noisier than the job's own",
+            )
+        )
+    return out
+
+
+def _slow_period_findings(step_time: StepTime) -> list[Finding]:
+    periods = step_time.slow_periods
+    worth = [p for p in periods if p.share_of_time >= SLOW_PERIOD_SHARE]
+    named = sorted(
+        sorted(worth, key=lambda p: -p.share_of_time)[:MAX_SLOW_PERIOD_FINDINGS], key=lambda p: p.first_step
+    )
+    out = []
+    for p in named:
+        out.append(
+            Finding(
+                "slow_period",
+                "warning",
+                f"Slow period: steps {p.first_step}–{p.last_step} ran {p.slowdown:.1f}× the steady step "
+                f"time ({p.steps} steps, {p.share_of_time:.0%} of the time)",
+                f"For {p.duration_s:,.0f} s the median step was {p.median_ms:.2f} ms against a steady step "
+                f"time of {p.baseline_ms:.2f} ms (the lower quartile of the steady steps: the pace kept when "
+                "nothing slows the job). These steps are not warm-up (a flat stretch, not a leading transient), and "
+                "they stay in the throughput and step-time figures: they are part of what the job delivered",
+            )
+        )
+    if len(periods) > len(named) and out:
+        last = out[-1]
+        out[-1] = dataclasses.replace(
+            last, evidence=f"{last.evidence}; Where step time goes lists all {len(periods)} slow periods"
+        )
+    return out
+
+
+def _noise_findings(step_time: StepTime) -> list[Finding]:
+    steps = sum(r.steps for r in step_time.per_rank)
+    median, p95, mean = step_time.median_ms, step_time.p95_ms, step_time.mean_ms
+    if steps < MIN_STEPS_FOR_SPREAD or not median or not mean or p95 is None:
+        return []
+    out = []
+    if p95 > HEAVY_TAIL_P95_OVER_MEDIAN * median:
+        out.append(
+            Finding(
+                "heavy_tailed_steps",
+                "info",
+                f"Step times are heavy-tailed: the p95 step is {p95 / median:.1f}× the median",
+                f"The p95 step took {p95:.2f} ms, the median {median:.2f} ms (mean {mean:.2f} ms): slow "
+                "steps carry much of the mean, so the step-time figures of this run are noisy and a rerun "
+                "can read differently",
+            )
+        )
+    # Every phase the step-time table labels noisy (throughput.is_noisy), so the label has its evidence.
+    noisy = [(name, ph) for name, ph in step_time.phases.items() if ph.noisy and ph.median_ms is not None]
+    if noisy:
+        names = [name for name, _ in noisy]
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        out.append(
+            Finding(
+                "noisy_phases",
+                "info",
+                f"The {listed} time is noisy: slow steps pull its mean above its median"
+                if len(names) == 1
+                else f"The {listed} times are noisy: slow steps pull their means above their medians",
+                "; ".join(
+                    f"{name}: mean {ph.ms:.2f} ms ({ph.share:.0%} of the mean step), median "
+                    f"{ph.median_ms:.2f} ms, p95 {ph.p95_ms or 0:.2f} ms"
+                    for name, ph in noisy
+                )
+                + ". The means still add up to the step; the median is what a typical step spends",
             )
         )
     return out

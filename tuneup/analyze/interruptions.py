@@ -31,9 +31,33 @@ def _steady_ms(run: Run) -> float | None:
     return statistics.median(times) if times else None
 
 
+def _timed_saves_s(segments: list[Run]) -> list[float]:
+    """Each checkpoint save's duration in seconds, as the callback timed it (trainer.save_checkpoint,
+    start to end, wherever it happened: in a step's gap, at an epoch's end, after validation). The
+    slowest rank's, since the ranks wait for each other at the save's barrier."""
+    saves: list[float] = []
+    for run in segments:
+        per_rank = [
+            [
+                e["duration_ms"] / 1000.0
+                for e in rec.events
+                if e.get("kind") == "checkpoint" and isinstance(e.get("duration_ms"), (int, float))
+            ]
+            for rec in run.ranks.values()
+        ]
+        if per_rank and per_rank[0]:
+            # The n-th save of every rank is one save; a rank whose record lost some ends the pairing.
+            saves.extend(max(times) for times in zip(*per_rank, strict=False))
+    return saves
+
+
 def checkpoint_save_s(segments: list[Run], steady_ms: list[float | None]) -> tuple[float | None, int]:
-    """The time one checkpoint save adds to the step it lands in, and how many saves that is from, given
-    each segment's usual (median steady) step."""
+    """The time one checkpoint save takes, and how many saves that is from: timed by the callback where
+    the record has the saves' durations; in older records, how much longer the steps that carried a save
+    took than each segment's usual (median steady) step."""
+    timed = _timed_saves_s(segments)
+    if timed:
+        return statistics.median(timed), len(timed)
     extra, saves = [], 0
     for run, usual in zip(segments, steady_ms, strict=True):
         if usual is None:
@@ -75,8 +99,15 @@ def _segment(run: Run, step_ms: float | None) -> Segment:
     )
 
 
+def _completed(segment: Segment) -> bool:
+    return segment.status == ["completed"]
+
+
 def _after_interruption(before: Segment, after: Segment) -> Segment:
-    """`after` with what the interruption before it cost: the downtime and the steps done again."""
+    """`after` with what the interruption before it cost: the downtime and the steps done again. A fit
+    resumed after one that completed (training on from its last checkpoint) followed no interruption."""
+    if _completed(before):
+        return after
     gap = (
         max(0.0, after.start_unix - before.end_unix)
         if after.start_unix is not None and before.end_unix is not None
@@ -101,8 +132,11 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
         rows[i] = _after_interruption(rows[i - 1], rows[i])
     downtime_s = sum(r.downtime_before_s or 0.0 for r in rows)
     redone_s = sum(r.redone_s or 0.0 for r in rows)
-    # Every segment after the first began with an interruption; a last one that did not complete is one more.
-    interruptions = len(rows) - 1 + (0 if rows and rows[-1].status == ["completed"] else 1)
+    # A segment that follows one that did not complete began with an interruption; a last one that did not
+    # complete is one more. Resuming a completed fit to train on is no interruption.
+    interruptions = sum(1 for before in rows[:-1] if not _completed(before)) + (
+        0 if rows and _completed(rows[-1]) else 1
+    )
     span = [r for r in rows if r.start_unix is not None and r.end_unix is not None]
     run_s = (span[-1].end_unix - span[0].start_unix) if span else None  # type: ignore[operator]
     save_s, saves = checkpoint_save_s(segments, steady_ms)

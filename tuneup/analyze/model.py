@@ -86,6 +86,8 @@ class RunInfo:
     status: dict[str, str]  # rank -> how its record ended
     data_timing: list[str]
     timing: list[str]
+    # How the ranks were started: "popen" (ddp), "spawn" (ddp_spawn), "fork" (ddp_fork); None for one process.
+    start_method: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,8 @@ class Warmup:
     share: float = decimals(4)  # of the recorded steps
     first_steady_step: int | None
     rule: str
+    # Why the run has no steady state (fast_dev_run, too few steps): then no headline figure is quoted.
+    no_steady_state: str | None = None
 
 
 # -- throughput and step time ------------------------------------------------------------------------
@@ -123,6 +127,11 @@ class Throughput:
 class PhaseTime:
     ms: float = decimals(3)  # mean per step
     share: float = decimals(4)  # of the mean step
+    # The typical step beside the mean: where slow steps pull the mean well above the median, `noisy` says so
+    # (the rule is tuneup/analyze/throughput.py's is_noisy), and the report shows these next to it.
+    median_ms: float | None = decimals(3, default=None)
+    p95_ms: float | None = decimals(3, default=None)
+    noisy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +157,29 @@ class RankStepTime:
 
 
 @dataclass(frozen=True, slots=True)
+class SlowPeriod:
+    """A stretch of steady steps that ran well above the steady step time (tuneup/analyze/slow_periods.py).
+    Its steps stay in the throughput and step-time figures: they are part of what the job delivered."""
+
+    first_step: int
+    last_step: int
+    steps: int  # recorded steps in it (past the record's detail_steps, one step in sample_every is kept)
+    median_ms: float = decimals(3)  # its median step
+    baseline_ms: float = decimals(3)  # the steady step time it is measured against (slow_periods.py)
+    slowdown: float = decimals(2)  # median_ms over baseline_ms: 2.0 = twice as long
+    duration_s: float = decimals(3)  # wall-clock, its first step's start to its last step's end
+    share_of_time: float = decimals(4)  # of the recorded steady steps' time
+
+
+@dataclass(frozen=True, slots=True)
 class StepTime:
     median_ms: float | None = decimals(3)
     mean_ms: float | None = decimals(3)  # the step the throughput is made of
     p95_ms: float | None = decimals(3)
     phases: dict[str, PhaseTime]  # data, forward, backward, optimizer, other: means over all ranks
     per_rank: list[RankStepTime]
+    noisy: bool = False  # slow steps pull the mean step well above the median (throughput.py's is_noisy)
+    slow_periods: list[SlowPeriod] = field(default_factory=list)
 
 
 # -- time series -------------------------------------------------------------------------------------
@@ -356,6 +382,23 @@ class HostTelemetry:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuContention:
+    """How much of one host's CPU went to processes other than the training's (tuneup/analyze/contention.py).
+    Percentages are of all the host's cores (100 = every core busy), means over the samples where the
+    host's and every local rank's CPU were read together."""
+
+    host: str | None
+    cores: int
+    ranks: list[int]  # the training's ranks on this host, whose process trees are the training's CPU
+    samples: int
+    host_busy_percent_mean: float | None = decimals(1)
+    training_percent_mean: float | None = decimals(1)
+    others_percent_mean: float | None = decimals(1)  # host busy less the training's, never below 0
+    contended_share: float = decimals(4)  # of the samples: host saturated and others above the threshold
+    contended: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Telemetry:
     samples: int
     gpus: list[GpuTelemetry]
@@ -364,6 +407,7 @@ class Telemetry:
     # The CUDA caching allocator's peak over the steady steps, the largest of any rank (step records, GPU
     # only): what a bigger batch must fit beside.
     gpu_allocated_peak_bytes: int | None = None
+    cpu_contention: list[CpuContention] = field(default_factory=list)  # one per host with host telemetry
 
 
 # -- environment -------------------------------------------------------------------------------------
@@ -525,7 +569,7 @@ class Money:
 
 @dataclass(frozen=True, slots=True)
 class Projection:
-    target: str
+    target: str  # the steps are training steps (batches that stepped the optimizers)
     total_steps: float | None = significant(9)
     steps_remaining: float | None = significant(9)
     time_s: float | None = significant(9)
@@ -578,6 +622,12 @@ class Cost:
     projections: list[Projection]
     flops: Compute
     energy: Energy
+    # Validation, checkpoint saves and fit-loop time per second of training steps, at this run's rate: an
+    # epoch's time and every projection include it. None where the run did not record its timeline.
+    loop_overhead_share: float | None = decimals(4, None)
+    # The fit ended (completed or stopped by a limit): projections are of the user's targets from step 0.
+    run_ended: bool = False
+    stop_reason: str | None = None
 
 
 # -- interruptions -----------------------------------------------------------------------------------
@@ -621,6 +671,65 @@ class Interruptions:
     usd_lost: float | None = decimals(6, default=None)
 
 
+# -- operators (profiled steps) ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorTime:
+    """One operator within one phase of the profiled steps (tuneup/analyze/operators.py): per profiled
+    step, the mean over the ranks whose top list holds it."""
+
+    name: str
+    ranks: int  # profiled ranks whose top list for the phase holds it
+    calls_per_step: float = decimals(2)
+    self_cpu_ms_per_step: float = decimals(4)  # its own host time, less the operators it called
+    total_cpu_ms_per_step: float = decimals(4)  # with the operators it called
+    share_of_phase: float | None = decimals(4)  # self CPU time over the phase's host time
+    device_ms_per_step: float | None = decimals(4)  # the kernels it launched itself; None without a device
+    device_share_of_phase: float | None = decimals(4)  # of the phase's device time
+    # The spread of its self CPU time per step over the ranks that list it (None unless two or more do),
+    # and the rank with the most (None with one rank profiled).
+    self_cpu_ms_per_step_min: float | None = decimals(4)
+    self_cpu_ms_per_step_max: float | None = decimals(4)
+    slowest_rank: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseOperators:
+    """One phase of the profiled steps: its time, and the operators it spent it in. Means over the
+    profiled ranks, per profiled step."""
+
+    phase: str  # the step clock's: data, forward, backward, optimizer, sync, other
+    wall_ms_per_step: float = decimals(3)  # host time in the phase, profiler on
+    share_of_step: float | None = decimals(4)  # of the profiled step
+    steady_ms_per_step: float | None = decimals(3)  # the same phase's steady mean, profiler off (step time)
+    self_cpu_ms_per_step: float = decimals(3)  # all its operators' self time (every thread)
+    outside_operators_ms_per_step: float | None = decimals(3)  # host time in no operator: Python, the trainer
+    device_ms_per_step: float | None = decimals(3)  # kernels it launched; None without a device
+    calls_per_step: float = decimals(1)
+    operators: list[OperatorTime]  # the top ones, by device time where there is a device, else self CPU
+    other_operators: int  # distinct operators in the phase not listed
+    other_self_cpu_ms_per_step: float = decimals(4)  # their self CPU time
+    other_device_ms_per_step: float | None = decimals(4)
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorProfile:
+    """The steps torch.profiler recorded on request (`TuneupCallback(profile_steps=N)`), phase by phase:
+    the drill-down from the step-time section to operators. Profiled steps run slower than the others
+    (`note` says why): read shares, not milliseconds."""
+
+    ranks: list[int]  # the ranks that profiled
+    steps: list[int]  # the profiled steps (the lowest profiled rank's)
+    device: str | None  # "cuda" when kernels were recorded, else None (host only)
+    step_ms: float | None = decimals(3)  # the mean profiled step, profiler on
+    steady_step_ms: float | None = decimals(3)  # the steady mean step, profiler off (step time)
+    phases: list[PhaseOperators]  # in the step clock's order, phases without time left out
+    traces: list[str]  # Chrome traces, relative to the run directory
+    note: str
+    write_s: float | None = decimals(3)  # the longest a rank spent stopping the profiler and writing
+
+
 # -- findings and the whole ---------------------------------------------------------------------------
 
 
@@ -632,6 +741,78 @@ class Finding:
     severity: str  # "warning" (costs time now) or "info"
     title: str
     evidence: str
+
+
+# -- job timeline ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePart:
+    """One kind of time in the fit: how long in all, its share of the fit's wall time, how many times."""
+
+    name: str  # one of TIMELINE_PARTS
+    seconds: float = decimals(3)
+    share: float = decimals(4)
+    count: int | None = None  # steps, validations, saves; None where counting means nothing
+
+
+# The parts of a fit, in the order they happen; they sum to the fit's wall time.
+TIMELINE_PARTS = (
+    "setup",
+    "sanity_check",
+    "training_steps",
+    "validation",
+    "checkpoint_saves",
+    "other_fit_loop",
+    "teardown",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineInterval:
+    """One stretch of a rank's fit, in seconds since its start: where the timeline plot draws it."""
+
+    name: str  # one of TIMELINE_PARTS
+    start_s: float = decimals(3)
+    duration_s: float = decimals(3)
+
+
+@dataclass(frozen=True, slots=True)
+class RankTimeline:
+    rank: int
+    fit_start_unix: float | None = decimals(3)
+    fit_end_unix: float | None = decimals(3)
+    wall_s: float | None = decimals(3)
+    parts: list[TimelinePart]
+    end: str  # what the end time is: "fit end", "training end", "record closed", "last step"
+    # False for records written before the fit's times were: setup, sanity check and teardown are unknown
+    # and the wall time is from the first step's start to the record's end.
+    times_recorded: bool
+    # Setup, sanity check, training loop, validations, saves and teardown where they happened (the training
+    # loop as one stretch, the others drawn over it); empty for records without the fit's times.
+    intervals: list[TimelineInterval]
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Where the fit's wall time went, from each rank's real start and end times.
+
+    `parts` are the reporting rank's (rank 0's, else the lowest present); `overhead_per_step_s` is what
+    each second of training steps brought along (validation, saves, fit-loop time between steps), so that
+    an epoch's time and a projection include them. `ended` is True when the fit ended (completed or
+    stopped by a limit), so there is nothing to go.
+    """
+
+    rank: int
+    fit_wall_s: float | None = decimals(3)
+    before_fit_s: float | None = decimals(3)  # process start to the fit's setup: imports, data, launch
+    parts: list[TimelinePart]
+    loop_overhead_share: float | None = decimals(4)  # (validation + saves + other loop) / training steps
+    ended: bool
+    stop_reason: str | None
+    max_time_s: float | None = decimals(3)
+    per_rank: list[RankTimeline]
+    tuneup_start_s: float | None = decimals(3, None)  # tuneup's own start-up, inside setup
 
 
 @dataclass(frozen=True, slots=True)
@@ -653,6 +834,8 @@ class RunAnalysis:
     findings: list[Finding]
     warnings: list[str]
     interruptions: Interruptions | None = None
+    operators: OperatorProfile | None = None  # only where steps were profiled
+    timeline: Timeline | None = None  # None in reports written before the job timeline existed
 
 
 # -- JSON --------------------------------------------------------------------------------------------

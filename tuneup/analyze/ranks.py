@@ -16,7 +16,7 @@ from tuneup._stats import quantile
 from tuneup.record.schema import PHASES, StepRecord
 
 LOCAL_PHASES = ("data_ms", "forward_ms", "optimizer_ms")
-WAIT_PHASES = ("backward_ms", "other_ms")
+WAIT_PHASES = ("backward_ms", "sync_ms", "other_ms")
 # A straggler must cost at least this share of the step, and this many milliseconds, to be flagged:
 # below that, rank-to-rank jitter on a shared machine would be reported as a straggler.
 MIN_SHARE_OF_STEP = 0.10

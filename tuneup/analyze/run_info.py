@@ -4,18 +4,26 @@ from __future__ import annotations
 
 from tuneup._stats import finite
 from tuneup.analyze.model import Hardware, RunInfo, Warmup
+from tuneup.analyze.steady import DECAY_RATIO, PLATEAU_MIN_STEPS, WARMUP_FACTOR, WARMUP_MAX_SHARE
+from tuneup.analyze.timeline import fit_span
 from tuneup.record.schema import Run
 
+# Spelled from steady.py's constants, so the rule the report states is the rule that ran.
 WARMUP_RULE = (
-    "leading steps until the first step, and the window it starts, within 1.5x the steady step time "
-    "(median of the run's second half)"
+    f"leading steps until the first step, and the window it starts, within {WARMUP_FACTOR:g}x the steady "
+    f"step time (median of the run's second half); at most {WARMUP_MAX_SHARE:.0%} of the recorded steps, "
+    f"and a slow lead of over {PLATEAU_MIN_STEPS} steps only if it falls (its first half {DECAY_RATIO:g}x "
+    f"slower than its second): a flat one is a plateau, of which only the steps above {WARMUP_FACTOR:g}x its "
+    "level are warm-up, the rest kept in the figures as a slow period"
 )
 
 
 def run_span(run: Run) -> tuple[float, float]:
-    """The run's start (the earliest rank start) and end (the last kept step's end), in Unix seconds."""
-    starts = [rec.info.start_unix for rec in run.ranks.values() if rec.info.start_unix]
-    ends = [rec.steps[-1].t_end for rec in run.ranks.values() if rec.steps]
+    """The job's start (the earliest rank's fit start) and end (the latest rank's fit end, or its last
+    step's where the end was not recorded), in Unix seconds: what the job ran, and was paid, for."""
+    spans = [fit_span(rec) for rec in run.ranks.values()]
+    starts = [start for start, _, _ in spans if start]
+    ends = [end for _, end, _ in spans if end]
     t0 = min(starts) if starts else (min(ends) if ends else run.manifest.created_unix)
     return t0, (max(ends) if ends else t0)
 
@@ -72,7 +80,27 @@ def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
             }
         ),
         timing=sorted({rec.info.timing for rec in run.ranks.values() if rec.info.timing}),
+        start_method=t.get("start_method") if m.world_size > 1 else None,
     )
+
+
+# Fewer steady steps than this on every rank make no steady state: a mean of a couple of steps is those
+# steps' accident, and the first steps of a fit carry its setup (and the one step whose FLOPs are counted).
+MIN_STEADY_STEPS = 5
+
+
+def no_steady_state(run: Run, warm: dict[int, int]) -> str | None:
+    """Why the run is too short for steady-state figures, or None."""
+    if run.manifest.trainer.get("fast_dev_run"):
+        return "a fast_dev_run trains a single batch or a few, to test the code: too few steps to time"
+    steady = max((len(rec.steps) - warm.get(r, 0) for r, rec in run.ranks.items()), default=0)
+    if steady < MIN_STEADY_STEPS:
+        recorded = max((len(rec.steps) for rec in run.ranks.values()), default=0)
+        return (
+            f"{recorded} step(s) recorded, {max(steady, 0)} after warm-up: at least {MIN_STEADY_STEPS} steady "
+            "steps are needed for a throughput or step time worth quoting"
+        )
+    return None
 
 
 def warmup(run: Run, warm: dict[int, int], first_steady_step: int | None) -> Warmup:
@@ -84,5 +112,6 @@ def warmup(run: Run, warm: dict[int, int], first_steady_step: int | None) -> War
         share=steps / recorded if recorded else 0.0,
         # Steady on every rank from here on: the warm-up of the rank that took longest to settle.
         first_steady_step=first_steady_step,
+        no_steady_state=no_steady_state(run, warm),
         rule=WARMUP_RULE,
     )

@@ -2,8 +2,11 @@
 
 Throughput is the samples (tokens, steps) of the steady steps over their time: what the job delivers per
 second it is paid for, so it is mean-based, and a periodic stall counts. Step time gives the mean (the step
-the throughput is made of) beside the median and p95 (robust to stalls). The report, `tuneup show`,
-`tuneup compare` and the trainer's loggers all take their figures from here.
+the throughput is made of) beside the median and p95 (robust to stalls), for the whole step and for each
+phase: the phase means add up to the mean step, and where a few slow steps carry a mean (a contended host
+can make a 0.5 ms optimizer step average 9 ms) the figure is marked noisy (`is_noisy`) so the report shows
+the median beside it. The report, `tuneup show`, `tuneup compare` and the trainer's loggers all take their
+figures from here.
 """
 
 from __future__ import annotations
@@ -16,6 +19,34 @@ from tuneup._stats import finite, quantile
 from tuneup.analyze.model import PhaseTime, Quantiles, RankStepTime, RankThroughput, StepTime, Throughput
 from tuneup.analyze.ranks import RankProfile
 from tuneup.record.schema import PHASES, StepRecord
+
+# A mean more than this many times its median is carried by a minority of slow steps: it still sums to
+# the step and prices the run, but it is not what a typical step spends. 1.25 leaves room for the
+# right-skew every step time has (a steady GPU step's mean sits within a few per cent of its median).
+NOISY_MEAN_OVER_MEDIAN = 1.25
+# ...and more than this far above it: below half a millisecond a gap is timer resolution and scheduler
+# jitter, too small to mislead anyone about where the step goes.
+NOISY_MIN_GAP_MS = 0.5
+# ...and by more than this share of the mean step: a smaller gap moves the phase's share of the step by
+# under two points, which misleads no one (a 0.6 ms tail on an 88 ms step is not worth a label).
+NOISY_MIN_GAP_SHARE = 0.02
+# Fewer steady steps than this (over all ranks) and a median or p95 is a handful of steps, not a
+# distribution: nothing is marked noisy.
+MIN_STEPS_FOR_SPREAD = 20
+
+
+def is_noisy(mean_ms: float | None, median_ms: float | None, steps: int, step_mean_ms: float) -> bool:
+    """Whether a mean (of a phase, or of the whole step) is carried by a few slow steps: more than
+    NOISY_MEAN_OVER_MEDIAN times its median, and above it by more than NOISY_MIN_GAP_MS and
+    NOISY_MIN_GAP_SHARE of the mean step, over at least MIN_STEPS_FOR_SPREAD steps."""
+    if mean_ms is None or median_ms is None or steps < MIN_STEPS_FOR_SPREAD:
+        return False
+    gap_ms = mean_ms - median_ms
+    return (
+        mean_ms > NOISY_MEAN_OVER_MEDIAN * median_ms
+        and gap_ms > NOISY_MIN_GAP_MS
+        and gap_ms > NOISY_MIN_GAP_SHARE * step_mean_ms
+    )
 
 
 def _mean(values: list[float]) -> float:
@@ -76,17 +107,25 @@ def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) 
     if not all_steps:
         return StepTime(median_ms=None, mean_ms=None, p95_ms=None, phases={}, per_rank=[])
     mean_wall = _mean([s.wall_ms for s in all_steps])
+    n = len(all_steps)
     phases = {}
     for p in PHASES:
-        ms = _mean([getattr(s, p) for s in all_steps])
+        values = sorted(getattr(s, p) for s in all_steps)
+        ms = _mean(values)
+        median = finite(quantile(values, 0.5))
         phases[p.removesuffix("_ms")] = PhaseTime(
             ms=finite(ms),  # type: ignore[arg-type]
             share=finite(ms / mean_wall if mean_wall else 0.0),  # type: ignore[arg-type]
+            median_ms=median,
+            p95_ms=finite(quantile(values, 0.95)),
+            noisy=is_noisy(finite(ms), median, n, mean_wall),
         )
     walls = [s.wall_ms for s in all_steps]
+    median_wall = finite(statistics.median(walls))
     return StepTime(
-        median_ms=finite(statistics.median(walls)),
+        median_ms=median_wall,
         mean_ms=finite(mean_wall),
+        noisy=is_noisy(finite(mean_wall), median_wall, n, mean_wall),
         p95_ms=quantiles(walls).p95,
         phases=phases,
         per_rank=[

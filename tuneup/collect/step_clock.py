@@ -1,17 +1,27 @@
-"""The step clock: phases of optimizer steps from marks taken at the trainer's hook boundaries.
+"""The step clock: phases of training steps from marks taken at the trainer's hook boundaries.
 
-A step is one optimizer step, made of one or more micro-batches. Per micro-batch the trainer calls, in
-order: batch start, before backward, after backward, (last micro-batch only) before optimizer step,
-batch end. The intervals between those marks tile the timeline:
+A step is one training step as Lightning counts them: a batch that stepped the optimizers (with
+gradient accumulation, every micro-batch up to and including that batch). Manual optimization may run
+several forwards, backwards and optimizer steps in one batch (a GAN steps two optimizers), so the clock
+is a small state machine: each mark closes the interval since the previous mark and gives it to a phase.
+Every instant between a step's first and last mark belongs to exactly one named phase, so the phases sum
+to the step's time by construction:
 
-    data      time spent fetching batches (and copying them to the device) between the previous batch
-              end (or a reset) and this batch start, when the trainer reports its fetches; the whole
-              gap when it does not
-    forward   batch start -> before backward                   training_step (and zero_grad)
-    backward  before backward -> after backward               backward, with DDP's exposed all-reduce
-    optimizer before optimizer step -> batch end               clipping, optimizer.step
-    other     whatever is left: the rest of the gap between batches (other callbacks, the trainer's own
-              per-batch work and collectives), after backward -> batch end on accumulating micro-batches
+    data      fetching batches (and copying them to the device), when the trainer reports its fetches;
+              the whole gap between batches when it does not
+    forward   batch start -> before backward; also after a backward or an optimizer step, up to the next
+              backward (the second forward of a GAN step, a second loss)
+    backward  before backward -> after backward (with DDP's exposed all-reduce)
+    optimizer after the backward that precedes it -> end of the optimizer step (clipping, unscaling,
+              optimizer.step); the end is torch's optimizer step post-hook, else the batch end
+    sync      the trainer's own collectives between batches (Lightning's per-batch SIGTERM flag
+              broadcast, strategy barriers and broadcasts), where a fast rank waits for a slow one
+    other     the rest: the trainer's per-batch work after the optimizer step and between batches (other
+              callbacks, logging, learning-rate schedulers, progress), and the end of accumulating
+              micro-batches after their backward
+
+Intervals the caller excludes (a checkpoint save, validation between batches) belong to no step: the
+step's time is the sum of its phases, and the caller accounts for the excluded time in the job timeline.
 
 On the host a mark is a `perf_counter` reading, resolved at once. On CUDA a mark also records an event on
 the current stream; elapsed times between events are GPU time (so "data" becomes the time the GPU sat
@@ -32,7 +42,40 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-PHASE_NAMES = ("data", "forward", "backward", "optimizer")
+PHASE_NAMES = ("data", "forward", "backward", "optimizer", "sync", "other")
+DATA, FORWARD, BACKWARD, OPTIMIZER, SYNC, OTHER = range(6)
+# States whose phase is decided by the mark that ends them, and the gap between batches, which is data
+# unless the trainer reports its fetches (then only the fetches are data and the rest of the gap is other).
+_GAP, _AFTER_BACKWARD, _AFTER_OPTIMIZER, _EXCLUDED = 6, 7, 8, 9
+_SLOTS = 7  # the six phases and the gap, accumulated per step
+
+# Mark kinds, for resolving the states above.
+_M_BATCH_START, _M_BEFORE_BACKWARD, _M_AFTER_BACKWARD, _M_BEFORE_OPTIMIZER = range(4)
+_M_AFTER_OPTIMIZER, _M_BATCH_END, _M_OTHER = 4, 5, 6
+
+# (state, the kind of mark that ends it) -> phase; kinds not listed give the state's default below.
+_RESOLVED = {
+    (_AFTER_BACKWARD, _M_BEFORE_BACKWARD): FORWARD,  # a second loss's forward
+    (_AFTER_BACKWARD, _M_BEFORE_OPTIMIZER): OPTIMIZER,  # clipping, unscaling, the closure's return
+    (_AFTER_BACKWARD, _M_AFTER_OPTIMIZER): OPTIMIZER,  # a raw torch optimizer step, without Lightning's hook
+    (_AFTER_OPTIMIZER, _M_BEFORE_BACKWARD): FORWARD,  # the next model's forward (a GAN's generator)
+    (_AFTER_OPTIMIZER, _M_BEFORE_OPTIMIZER): OPTIMIZER,  # optimizers stepping back to back
+    (_AFTER_OPTIMIZER, _M_AFTER_OPTIMIZER): OPTIMIZER,  # the same step's end seen twice
+}
+_DEFAULT = {_AFTER_BACKWARD: OTHER, _AFTER_OPTIMIZER: OTHER}
+# For a listener (the operator profiler), which must name a phase as it starts: an open state's likeliest
+# phase (after a backward usually comes the optimizer step; after a step, the next forward).
+_STATE_PHASE = {
+    DATA: "data",
+    FORWARD: "forward",
+    BACKWARD: "backward",
+    OPTIMIZER: "optimizer",
+    SYNC: "sync",
+    OTHER: "other",
+    _AFTER_BACKWARD: "optimizer",
+    _AFTER_OPTIMIZER: "forward",
+    _EXCLUDED: "other",
+}
 
 
 class HostTimer:
@@ -122,7 +165,7 @@ def _to_float(value: Any) -> float | None:
 
 
 class StepClock:
-    """Collects the marks of the micro-batches of one optimizer step at a time.
+    """Collects the marks of the batches of one training step at a time.
 
     `drain` hands `on_resolved` one dict per closed step, in step order, with the StepRecord fields.
     Steps wait in memory until then; with a deferred (CUDA) timer, `drain` waits for the device only
@@ -135,24 +178,26 @@ class StepClock:
         self.max_pending = max_pending
         self._immediate = bool(getattr(timer, "immediate", False))
         self._pending: deque[PendingStep] = deque()
-        self._last_end: Any = None
         self._unix0 = time.time()
         self._perf0 = time.perf_counter()
-        self._fetch_start: Any = None
-        self._gap_fetch_s = 0.0
-        self._gap_fetches: list[tuple[Any, Any]] = []
         self.fetch_marks_seen = False
+        # The open interval: where it started, and the state it is in. None: nothing is being timed
+        # (before the first restart).
+        self._cursor: Any = None
+        self._state = _GAP
+        self._suspended: list[int] = []  # states to return to after a sync or an excluded interval
+        self._last_end: Any = None  # the last batch end: a closed step's end mark
+        # Told the phase that starts at every mark but a batch's start and end (which its owner reports
+        # with the step's number): `listener(name)`. None costs one comparison per mark.
+        self.listener: Callable[[str], None] | None = None
         self._reset_step()
 
     def _reset_step(self) -> None:
-        self._phase_s = [0.0, 0.0, 0.0, 0.0]  # data, forward, backward, optimizer (host timer)
-        self._intervals: dict[str, list[tuple[Any, Any]]] | None = (
-            None if self._immediate else {p: [] for p in PHASE_NAMES}
+        self._phase_s = [0.0] * _SLOTS  # host timer: seconds per slot
+        self._intervals: list[list[tuple[Any, Any]]] | None = (
+            None if self._immediate else [[] for _ in range(_SLOTS)]
         )
-        self._step_start: Any = None
-        self._micro_start: Any = None
-        self._before_backward: Any = None
-        self._before_optimizer: Any = None
+        self._step_start: Any = self._cursor
         self.micro_batches = 0
         self.samples: int | None = None
         self.tokens: int | None = None
@@ -160,11 +205,26 @@ class StepClock:
         self.grad_norm: Any = None
         self.checkpoint = False
 
-    def _add(self, phase: int, start: Any, end: Any) -> None:
-        if self._intervals is None:
-            self._phase_s[phase] += end - start
-        else:
-            self._intervals[PHASE_NAMES[phase]].append((start, end))
+    def _switch(self, ending: int, state: int) -> Any:
+        """Close the open interval (giving it to the phase its state and `ending` mark resolve to), start
+        one in `state`; returns the mark taken."""
+        now = self.timer.mark()
+        cursor = self._cursor
+        if cursor is not None:
+            current = self._state
+            if current != _EXCLUDED:
+                slot = _RESOLVED.get((current, ending), _DEFAULT.get(current, current))
+                if self._intervals is None:
+                    self._phase_s[slot] += now - cursor
+                else:
+                    self._intervals[slot].append((cursor, now))
+        elif self._step_start is None:
+            self._step_start = now
+        self._cursor = now
+        self._state = state
+        if self.listener is not None and ending not in (_M_BATCH_START, _M_BATCH_END):
+            self.listener(_STATE_PHASE.get(state) or ("other" if self.fetch_marks_seen else "data"))
+        return now
 
     @property
     def pending(self) -> int:
@@ -173,41 +233,28 @@ class StepClock:
     # -- marks, in hook order ----------------------------------------------------------------------
 
     def restart(self) -> None:
-        """The next data interval starts now (epoch start, end of validation): time before is not a step's."""
-        self._last_end = self.timer.mark()
-        self._gap_fetches = []
-        self._gap_fetch_s = 0.0
-        self._fetch_start = None
+        """The next gap starts now (epoch start): time before it belongs to no step. A step with batches
+        already in it (validation in the middle of gradient accumulation) keeps them."""
+        self._cursor = self.timer.mark()
+        self._state = _GAP
+        self._suspended.clear()
+        if not self.micro_batches:
+            self._reset_step()
 
     def fetch_start(self) -> None:
         """The trainer starts fetching a batch (or copying one to the device)."""
-        self._fetch_start = self.timer.mark()
+        if self._state != _EXCLUDED:  # validation's own fetches belong to no step
+            self._switch(_M_OTHER, DATA)
 
     def fetch_end(self) -> None:
-        if self._fetch_start is not None:
-            now = self.timer.mark()
-            if self._immediate:
-                self._gap_fetch_s += now - self._fetch_start
-            else:
-                self._gap_fetches.append((self._fetch_start, now))
-            self._fetch_start = None
+        if self._state == DATA:
+            self._switch(_M_OTHER, _GAP)
             self.fetch_marks_seen = True
 
     def batch_start(self, samples: int | None = None, tokens: int | None = None) -> None:
-        now = self.timer.mark()
-        if self._last_end is None:
-            self._last_end = now
-        if self._step_start is None:
-            self._step_start = self._last_end
-        if not self.fetch_marks_seen:
-            self._add(0, self._last_end, now)
-        elif self._intervals is None:
-            self._phase_s[0] += self._gap_fetch_s
-            self._gap_fetch_s = 0.0
-        else:
-            self._intervals["data"].extend(self._gap_fetches)
-            self._gap_fetches = []
-        self._micro_start = now
+        if self._cursor is None:
+            self.restart()
+        self._switch(_M_BATCH_START, FORWARD)
         self.micro_batches += 1
         if samples is not None:
             self.samples = (self.samples or 0) + samples
@@ -215,31 +262,51 @@ class StepClock:
             self.tokens = (self.tokens or 0) + tokens
 
     def before_backward(self) -> None:
-        if self._micro_start is None:
-            return
-        now = self.timer.mark()
-        self._add(1, self._micro_start, now)
-        self._micro_start = None  # a second backward in one micro-batch (manual optimization) adds no forward
-        self._before_backward = now
+        if self.micro_batches:
+            self._switch(_M_BEFORE_BACKWARD, BACKWARD)
 
     def after_backward(self) -> None:
-        if self._before_backward is None:
-            return
-        self._add(2, self._before_backward, self.timer.mark())
-        self._before_backward = None
+        if self.micro_batches:
+            self._switch(_M_AFTER_BACKWARD, _AFTER_BACKWARD)
 
     def before_optimizer(self) -> None:
         if self.micro_batches:
-            self._before_optimizer = self.timer.mark()
+            self._switch(_M_BEFORE_OPTIMIZER, OPTIMIZER)
+
+    def after_optimizer(self) -> None:
+        """An optimizer step ended (torch's step post-hook): what follows is a forward or the batch's end."""
+        if self.micro_batches and self._state in (OPTIMIZER, _AFTER_BACKWARD):
+            self._switch(_M_AFTER_OPTIMIZER, _AFTER_OPTIMIZER)
 
     def batch_end(self) -> None:
-        """Mark the end of a micro-batch."""
-        now = self.timer.mark()
-        if self._before_optimizer is not None:
-            self._add(3, self._before_optimizer, now)
-            self._before_optimizer = None
-        self._micro_start = None
-        self._last_end = now
+        """Mark the end of a batch (a micro-batch under accumulation)."""
+        if self._cursor is None:
+            return
+        self._last_end = self._switch(_M_BATCH_END, _GAP)
+
+    def sync_start(self) -> None:
+        """The trainer enters one of its own collectives (a barrier, a broadcast)."""
+        self._suspend(SYNC)
+
+    def sync_end(self) -> None:
+        self._resume(SYNC)
+
+    def exclude_start(self) -> None:
+        """Time from now until `exclude_end` belongs to no step (a checkpoint save, validation)."""
+        self._suspend(_EXCLUDED)
+
+    def exclude_end(self) -> None:
+        self._resume(_EXCLUDED)
+
+    def _suspend(self, state: int) -> None:
+        if self._cursor is None or (self._state == _EXCLUDED and state != _EXCLUDED):
+            return  # a collective inside an excluded interval (a save's barrier) is excluded with it
+        self._suspended.append(self._state)
+        self._switch(_M_OTHER, state)
+
+    def _resume(self, state: int) -> None:
+        if self._state == state and self._suspended:
+            self._switch(_M_OTHER, self._suspended.pop())
 
     def add_loss(self, loss: Any) -> None:
         # Lightning hands on_train_batch_end a detached copy: summing it keeps a device tensor, no sync.
@@ -249,8 +316,13 @@ class StepClock:
     def close_step(
         self, step: int, epoch: int, peak_mem_bytes: int | None = None, comm: list[Any] | None = None
     ) -> None:
-        """The optimizer step `step` is done: keep it for `drain` and start a new one."""
-        if self.micro_batches and self._step_start is not None:
+        """The training step `step` is done (at its last batch end): keep it for `drain`, start a new one."""
+        if self.micro_batches and self._step_start is not None and self._last_end is not None:
+            gap_slot = OTHER if self.fetch_marks_seen else DATA
+            if self._intervals is None:
+                self._phase_s[gap_slot] += self._phase_s[_GAP]
+            else:
+                self._intervals[gap_slot].extend(self._intervals[_GAP])
             self._pending.append(
                 PendingStep(
                     step,
@@ -259,8 +331,10 @@ class StepClock:
                     self.micro_batches,
                     self._step_start,
                     self._last_end,
-                    self._phase_s if self._immediate else None,
-                    self._intervals,
+                    self._phase_s[:_GAP] if self._immediate else None,
+                    {name: self._intervals[i] for i, name in enumerate(PHASE_NAMES)}
+                    if self._intervals is not None
+                    else None,
                     self.samples,
                     self.tokens,
                     self.loss,
@@ -271,6 +345,7 @@ class StepClock:
                 )
             )
         self._reset_step()
+        self._step_start = self._last_end
 
     # -- resolution --------------------------------------------------------------------------------
 
@@ -287,27 +362,27 @@ class StepClock:
 
     def _resolve(self, p: PendingStep) -> dict[str, Any]:
         timer = self.timer
-        wall_ms = timer.elapsed_ms(p.start, p.end)
         if p.phase_s is not None:
-            data, forward, backward, optimizer = (x * 1000.0 for x in p.phase_s)
+            phases_ms = [x * 1000.0 for x in p.phase_s]
         else:
             assert p.intervals is not None
-            data, forward, backward, optimizer = (
-                sum(timer.elapsed_ms(a, b) for a, b in p.intervals[name]) for name in PHASE_NAMES
-            )
+            phases_ms = [sum(timer.elapsed_ms(a, b) for a, b in p.intervals[name]) for name in PHASE_NAMES]
             self._release(p)
+        data, forward, backward, optimizer, sync, other = phases_ms
         loss, grad_norm = p.loss, p.grad_norm
         # Raw floats: the writer rounds the few records it encodes; rounding every step here is wasted.
         record = {
             "step": p.step,
             "epoch": p.epoch,
             "t_end": self._unix0 + (p.end_perf_s - self._perf0),
-            "wall_ms": wall_ms,
+            # The phases tile the step, less any interval the caller excluded (a checkpoint save).
+            "wall_ms": data + forward + backward + optimizer + sync + other,
             "data_ms": data,
             "forward_ms": forward,
             "backward_ms": backward,
             "optimizer_ms": optimizer,
-            "other_ms": max(0.0, wall_ms - data - forward - backward - optimizer),
+            "sync_ms": sync,
+            "other_ms": other,
             "micro_batches": p.micro_batches,
             "samples": p.samples,
             "tokens": p.tokens,
@@ -340,7 +415,7 @@ class StepClock:
         # Adjacent intervals share marks, and a step's end mark is the next step's start: recycle each mark
         # once, and the end mark only when it comes round as the start of the step after.
         assert p.intervals is not None
-        seen: set[int] = {id(p.end), id(self._last_end), id(self._step_start)}
+        seen: set[int] = {id(p.end), id(self._last_end), id(self._step_start), id(self._cursor)}
         for mark in [p.start] + [m for pairs in p.intervals.values() for pair in pairs for m in pair]:
             if id(mark) not in seen:
                 seen.add(id(mark))

@@ -23,6 +23,7 @@ from tuneup.analyze.model import (
     RunInfo,
     Telemetry,
     Throughput,
+    Timeline,
 )
 from tuneup.catalog import CATALOG_VERSION, CatalogError, load_gpu_specs, match_gpu, peak_tflops_for_precision
 from tuneup.cost.pricing import JobPrice, PriceChoice, price_for_run
@@ -111,17 +112,45 @@ def steps_per_epoch(run: Run) -> tuple[float | None, str]:
     )
 
 
+def optimizer_steps_per_step(run: Run) -> float:
+    """Optimizer steps per training step: Lightning's max_steps counts every optimizer's steps, so a GAN
+    stepping two optimizers per batch reaches max_steps in half as many batches. 1 where not recorded."""
+    ratios = []
+    for rec in run.ranks.values():
+        raw = rec.info.raw
+        opt0, opt1 = raw.get("optimizer_steps_at_start"), raw.get("optimizer_steps_at_end")
+        s0, s1 = raw.get("global_step_at_start"), raw.get("steps_at_end")
+        if all(isinstance(v, int) for v in (opt0, opt1, s0, s1)) and s1 > s0 and opt1 > opt0:  # type: ignore[operator]
+            ratios.append((opt1 - opt0) / (s1 - s0))  # type: ignore[operator]
+    return max(ratios) if ratios else 1.0
+
+
 def _projections(
-    throughput: Throughput, last_step: int | None, run: Run, inputs: CostInputs, epoch_steps: float | None
+    throughput: Throughput,
+    last_step: int | None,
+    run: Run,
+    inputs: CostInputs,
+    epoch_steps: float | None,
+    fit: Timeline | None,
 ) -> list[Projection]:
-    """Time and money to reach the run's end (max_steps or max_epochs) or the user's targets."""
-    steps_per_s = throughput.steps_per_s
-    done = (last_step + 1) if isinstance(last_step, int) else 0
+    """Time and money to reach the run's end (max_steps or max_epochs) or the user's targets, at the
+    steady step rate plus the validation, saves and fit-loop time each step brings along. A run that has
+    ended has nothing to go: only the user's targets are projected, from step 0."""
+    overhead = 1.0 + (fit.loop_overhead_share or 0.0) if fit is not None else 1.0
+    steps_per_s = throughput.steps_per_s / overhead if throughput.steps_per_s else None
+    ended = fit is not None and fit.ended
+    done = 0 if ended else (last_step + 1) if isinstance(last_step, int) else 0
     t = run.manifest.trainer
     targets: list[tuple[str, float | None]] = []
     max_steps, max_epochs = t.get("max_steps"), t.get("max_epochs")
-    if isinstance(max_steps, int) and max_steps > 0:
-        targets.append((f"max_steps={max_steps:,}", float(max_steps)))
+    if ended:
+        pass
+    elif isinstance(max_steps, int) and max_steps > 0:
+        per_step = optimizer_steps_per_step(run)
+        label = f"max_steps={max_steps:,}" + (
+            f" ({per_step:g} optimizer steps per step)" if per_step != 1 else ""
+        )
+        targets.append((label, max_steps / per_step))
     elif isinstance(max_epochs, int) and max_epochs > 0:
         targets.append((f"max_epochs={max_epochs}", max_epochs * epoch_steps if epoch_steps else None))
     if inputs.target_steps:
@@ -154,11 +183,24 @@ def _projections(
     return out
 
 
-def _money(
-    throughput: Throughput, duration_s: float | None, usd_per_hour: float | None, epoch_steps: float | None
-) -> Money:
+def _epoch_s(throughput: Throughput, epoch_steps: float | None, fit: Timeline | None) -> float | None:
+    """An epoch's time: its steps at the steady rate, plus validation, saves and fit-loop time at this
+    run's share of them."""
     steps_per_s = throughput.steps_per_s
-    epoch_s = epoch_steps / steps_per_s if epoch_steps and steps_per_s else None
+    if not epoch_steps or not steps_per_s:
+        return None
+    overhead = (fit.loop_overhead_share or 0.0) if fit is not None else 0.0
+    return epoch_steps / steps_per_s * (1.0 + overhead)
+
+
+def _money(
+    throughput: Throughput,
+    duration_s: float | None,
+    usd_per_hour: float | None,
+    epoch_steps: float | None,
+    fit: Timeline | None,
+) -> Money:
+    epoch_s = _epoch_s(throughput, epoch_steps, fit)
     tokens_per_usd = _per_usd(throughput.tokens_per_s, usd_per_hour)
     return Money(
         usd_per_hour=finite(usd_per_hour),
@@ -324,24 +366,32 @@ def price_figures(price: JobPrice) -> Price:
 
 
 def cost_section(
-    run: Run, inputs: CostInputs, info: RunInfo, throughput: Throughput, telemetry: Telemetry
+    run: Run,
+    inputs: CostInputs,
+    info: RunInfo,
+    throughput: Throughput,
+    telemetry: Telemetry,
+    fit: Timeline | None = None,
 ) -> Cost:
-    """What the job costs and what it buys, from the run's typed figures and the price it was given."""
+    """What the job costs and what it buys, from the run's typed figures and the price it was given;
+    `fit` (the job timeline) adds validation, saves and fit-loop time to epochs and projections."""
     epoch_steps, epoch_basis = steps_per_epoch(run)
     price = inputs.price
-    steps_per_s = throughput.steps_per_s
     return Cost(
         priced=price is not None,
         price=price_figures(price) if price is not None else None,
         not_priced_reason=None if price is not None else inputs.not_priced_reason,
         steps_per_epoch=finite(epoch_steps),
         steps_per_epoch_basis=epoch_basis,
-        epoch_s=finite(epoch_steps / steps_per_s) if epoch_steps and steps_per_s else None,
-        figures=_money(throughput, info.duration_s, price.usd_per_hour if price else None, epoch_steps),
-        figures_spot=_money(throughput, info.duration_s, price.spot_usd_per_hour, epoch_steps)
+        epoch_s=finite(_epoch_s(throughput, epoch_steps, fit)),
+        figures=_money(throughput, info.duration_s, price.usd_per_hour if price else None, epoch_steps, fit),
+        figures_spot=_money(throughput, info.duration_s, price.spot_usd_per_hour, epoch_steps, fit)
         if price is not None and price.spot_usd_per_hour is not None and not price.spot
         else None,
-        projections=_projections(throughput, info.last_step, run, inputs, epoch_steps),
+        projections=_projections(throughput, info.last_step, run, inputs, epoch_steps, fit),
         flops=compute_figures(throughput, run),
         energy=energy_figures(telemetry, throughput, inputs),
+        loop_overhead_share=fit.loop_overhead_share if fit is not None else None,
+        run_ended=fit is not None and fit.ended,
+        stop_reason=fit.stop_reason if fit is not None else None,
     )

@@ -24,6 +24,7 @@ from tuneup.record.schema import (
     EVENTS_FILE,
     INFO_FILE,
     MANIFEST_FILE,
+    OPERATORS_FILE,
     PHASES,
     RANK_DIR_PREFIX,
     SCHEMA_VERSION,
@@ -483,6 +484,7 @@ _STEP_FIELDS = (
     "comm_exposed_ms",
     "comm_bytes",
     "comm_count",
+    "sync_ms",
 )
 if tuple(f.name for f in fields(StepRecord)) != _STEP_FIELDS:
     raise ImportError("tuneup.record.reader: _STEP_FIELDS must list StepRecord's fields in their order")
@@ -512,13 +514,18 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         exposed,
         comm_bytes,
         comm_count,
+        sync,
     ) = map(obj.get, _STEP_FIELDS)
     if not (
         type(step) is int
         and _NUMBER.issuperset(map(type, (t_end, wall, data, forward, backward, optimizer, other, micro)))
         and _NUMBER_OR_NULL.issuperset(
-            map(type, (epoch, samples, tokens, loss, grad_norm, peak, comm, exposed, comm_bytes, comm_count))
+            map(
+                type,
+                (epoch, samples, tokens, loss, grad_norm, peak, comm, exposed, comm_bytes, comm_count, sync),
+            )
         )
+        and (sync is None or sync >= 0)
         and min(wall, data, forward, backward, optimizer, other, micro) >= 0
         and (samples is None or samples >= 0)
         and (tokens is None or tokens >= 0)
@@ -550,6 +557,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         None if exposed is None else float(exposed),
         None if comm_bytes is None else int(float(comm_bytes)),
         None if comm_count is None else int(float(comm_count)),
+        0.0 if sync is None else float(sync),
     )
 
 
@@ -579,6 +587,7 @@ def _checked_step(obj: dict[str, Any]) -> StepRecord:
         comm_exposed_ms=_opt_num(obj, "comm_exposed_ms"),
         comm_bytes=_opt_int(obj, "comm_bytes"),
         comm_count=_opt_int(obj, "comm_count"),
+        sync_ms=_opt_num(obj, "sync_ms") or 0.0,
     )
     return _non_negative(record, _NON_NEGATIVE_STEP_FIELDS)
 
@@ -713,6 +722,22 @@ def _rank_info(rank: int, path: Path, warnings: list[str]) -> RankInfo:
     )
 
 
+def _operators(rank: int, path: Path, warnings: list[str]) -> dict[str, Any] | None:
+    """operators.json, where the rank profiled steps: an object whose `phases` is an object, else None
+    with a warning (the run's other figures stand without it)."""
+    if not path.is_file():
+        return None
+    try:
+        obj = _load_json_object(path, warnings)
+    except RunRecordError as exc:
+        warnings.append(f"rank {rank}: {exc}; its operator profile is left out")
+        return None
+    if not isinstance(obj.get("phases"), dict):
+        warnings.append(f"rank {rank}: {path} has no phases object; its operator profile is left out")
+        return None
+    return obj
+
+
 def _load_rank(run_dir: Path, rank: int, warnings: list[str]) -> RankRecord:
     rank_dir = run_dir / rank_dir_name(rank)
     info = _rank_info(rank, rank_dir / INFO_FILE, warnings)
@@ -721,6 +746,7 @@ def _load_rank(run_dir: Path, rank: int, warnings: list[str]) -> RankRecord:
     telemetry = [obj for _, obj in _jsonl(rank_dir / TELEMETRY_FILE, warnings)]
     events = [obj for _, obj in _jsonl(rank_dir / EVENTS_FILE, warnings)]
     collectives = _typed(rank_dir / COLLECTIVES_FILE, warnings, _collective, "collective")
+    operators = _operators(rank, rank_dir / OPERATORS_FILE, warnings)
     if not info.closed:
         last = steps[-1].step if steps else None
         where = f"at step {last}" if last is not None else "before its first recorded step"
@@ -728,7 +754,13 @@ def _load_rank(run_dir: Path, rank: int, warnings: list[str]) -> RankRecord:
     for what, count in sorted(info.dropped.items()):
         warnings.append(f"rank {rank}: {count} {what} record(s) could not be written and are missing")
     return RankRecord(
-        info=info, steps=steps, windows=windows, telemetry=telemetry, events=events, collectives=collectives
+        info=info,
+        steps=steps,
+        windows=windows,
+        telemetry=telemetry,
+        events=events,
+        collectives=collectives,
+        operators=operators,
     )
 
 

@@ -9,6 +9,9 @@ Layout of a run directory::
     rank-<r>/telemetry.jsonl   one line per telemetry tick (process, system, GPUs)
     rank-<r>/events.jsonl      things that happen between steps (validation, checkpoints, warnings)
     rank-<r>/collectives.jsonl one line per timed collective (gradient buckets, FSDP gathers, probes)
+    rank-<r>/operators.json    only when profiling was asked for: each phase's top operators over the
+                               profiled steps (tuneup.collect.profiler writes it, once)
+    rank-<r>/trace.json        the same steps' Chrome trace from torch.profiler (Perfetto, chrome://tracing)
 
 Every time is either a unix timestamp in seconds (`t_*`, `*_unix`) or a duration whose name ends in
 its unit (`_ms`, `_s`). Byte counts end in `_bytes`.
@@ -32,6 +35,8 @@ WINDOWS_FILE = "windows.jsonl"
 TELEMETRY_FILE = "telemetry.jsonl"
 EVENTS_FILE = "events.jsonl"
 COLLECTIVES_FILE = "collectives.jsonl"
+OPERATORS_FILE = "operators.json"
+TRACE_FILE = "trace.json"
 
 # The environment variable that names the run directory to write, where the callback is given none
 # (`tuneup bench` sets it for each run).
@@ -40,8 +45,10 @@ ENV_RUN_DIR = "TUNEUP_DIR"
 # Collective kinds, named as torch.distributed names the operations.
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
-# Phases of an optimizer step. They tile the step: wall = data + forward + backward + optimizer + other.
-PHASES = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms")
+# Phases of a training step (tuneup.collect.step_clock defines each). They tile the step:
+# wall = data + forward + backward + optimizer + sync + other. Records written before `sync` was timed
+# have it 0, inside other.
+PHASES = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "sync_ms", "other_ms")
 
 # Every per-step metric that windows aggregate.
 STEP_METRICS = (
@@ -73,9 +80,10 @@ def rank_dir_name(rank: int) -> str:
 
 @dataclass(slots=True)
 class StepRecord:
-    """One optimizer step on one rank (all micro-batches of a gradient-accumulation cycle together)."""
+    """One training step on one rank: a batch that stepped the optimizers, with the micro-batches of its
+    gradient-accumulation cycle. Manual optimization may step several optimizers in it (a GAN: two)."""
 
-    step: int  # optimizer steps completed before this one (Lightning's global_step), 0-based
+    step: int  # training steps completed before this one (Lightning's batches that stepped), 0-based
     epoch: int
     t_end: float  # unix seconds at the end of the step
     wall_ms: float
@@ -98,6 +106,8 @@ class StepRecord:
     comm_exposed_ms: float | None = None
     comm_bytes: int | None = None
     comm_count: int | None = None
+    # The trainer's own collectives between batches (Lightning's SIGTERM flag broadcast, barriers).
+    sync_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -161,6 +171,8 @@ class RankRecord:
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)
+    # operators.json as written (tuneup.collect.profiler), where this rank profiled steps; else None.
+    operators: dict[str, Any] | None = None
 
     @property
     def rank(self) -> int:

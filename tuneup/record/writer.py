@@ -313,6 +313,16 @@ class RankWriter:
         except OSError as exc:
             warn_once(f"close:{self.dir}", f"cannot mark {self.dir} closed ({exc.strerror or exc})")
 
+    def amend_info(self, **fields: Any) -> None:
+        """Add fields to `info.json` after `close` (the end of the fit's teardown, which follows it)."""
+        if not self.usable or not self._info:
+            return
+        self._info.update(fields)
+        try:
+            write_json_atomic(self.dir / INFO_FILE, self._info)
+        except OSError as exc:
+            warn_once(f"amend:{self.dir}", f"cannot update {self.dir / INFO_FILE} ({exc.strerror or exc})")
+
     # -- records -----------------------------------------------------------------------------------
 
     def add_step(self, record: Mapping[str, Any]) -> None:

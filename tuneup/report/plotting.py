@@ -31,7 +31,7 @@ DPI = 110
 # Stacked panels need more height than one plot to keep each panel's ticks readable.
 PANEL_HEIGHT_PX = 210
 
-PHASE_ORDER = ("data", "forward", "backward", "optimizer", "other")
+PHASE_ORDER = ("data", "forward", "backward", "optimizer", "sync", "other")
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies. Other renderers
 # (HTML tables, Markdown legends) should take phase colours from here so every figure agrees.
 PHASE_COLORS: dict[str, str] = {
@@ -39,10 +39,17 @@ PHASE_COLORS: dict[str, str] = {
     "forward": "#56B4E9",
     "backward": "#0072B2",
     "optimizer": "#009E73",
+    "sync": "#CC79A7",
     "other": "#B0B0B0",
 }
 # Text drawn on top of a phase's bar segment: dark on the light colours, white on the dark ones.
-PHASE_TEXT_COLORS = {"data": "black", "forward": "black", "backward": "white", "optimizer": "white"}
+PHASE_TEXT_COLORS = {
+    "data": "black",
+    "forward": "black",
+    "backward": "white",
+    "optimizer": "white",
+    "sync": "black",
+}
 STRAGGLER_COLOR = "#D55E00"
 RANK_BOX_COLOR = "#9CC3E0"
 SAMPLES_COLOR = "#0072B2"

@@ -9,7 +9,7 @@ steady-state mean (THROUGHPUT_STATISTIC), and the step time says which statistic
 from __future__ import annotations
 
 from tuneup.analyze.model import Communication, Cost, Ranks, RankStep, RunAnalysis, StepTime, Telemetry
-from tuneup.report.format import fraction_percent, is_number, large, usd, usd_rate
+from tuneup.report.format import duration, fraction_percent, is_number, large, ms, number, usd, usd_rate
 
 # Up to this many ranks (or GPUs) the terminal names each one; beyond, it prints how they spread and the
 # extremes, as the report does: a line per rank of a 1,024-rank job is read by nobody.
@@ -25,18 +25,21 @@ def _count(n: int) -> str:
 
 
 def _rate(value: float | None, unit: str) -> str | None:
-    return None if value is None else f"{value:,.1f} {unit}"
+    # The report's number format, so that `tuneup show`, the report and compare print the same figure.
+    return None if value is None else f"{number(value)} {unit}"
 
 
 def _ms(value: float | None) -> str:
-    return "?" if value is None else f"{value:,.2f} ms"
+    return "?" if value is None else ms(value)
 
 
 def render_terminal(analysis: RunAnalysis) -> str:
     """The headline figures, findings and warnings of a run, as plain text lines (no trailing newline)."""
-    lines = _run_lines(analysis)
+    lines = _run_lines(analysis) + _timeline_lines(analysis)
     st = analysis.step_time
-    if not st.per_rank:
+    if analysis.warmup.no_steady_state:
+        lines.append(f"  no steady state: {analysis.warmup.no_steady_state}; no figures quoted")
+    elif not st.per_rank:
         lines.append("  no steps recorded")
     else:
         lines.append(
@@ -58,6 +61,21 @@ def render_terminal(analysis: RunAnalysis) -> str:
         lines.append("  warnings:")
         lines.extend(f"    - {w}" for w in analysis.warnings)
     return "\n".join(lines)
+
+
+def _timeline_lines(analysis: RunAnalysis) -> list[str]:
+    """How the fit's wall time divides, as the report's first view says it."""
+    from tuneup.report.sections.timeline import LABELS, STOP_REASONS
+
+    tl = analysis.timeline
+    if tl is None or not is_number(tl.fit_wall_s):
+        return []
+    parts = sorted((p for p in tl.parts if p.seconds > 0), key=lambda p: -p.seconds)
+    split = ", ".join(f"{LABELS.get(p.name, p.name).lower()} {fraction_percent(p.share)}" for p in parts)
+    line = f"  fit {duration(tl.fit_wall_s)}: {split}"
+    if tl.stop_reason:
+        line += f"; stopped because {STOP_REASONS.get(tl.stop_reason, tl.stop_reason)}"
+    return [line]
 
 
 def _run_lines(analysis: RunAnalysis) -> list[str]:
@@ -87,16 +105,22 @@ def _speed_lines(analysis: RunAnalysis) -> list[str]:
         for x in (
             _rate(tp.samples_per_s, "samples/s"),
             _rate(tp.tokens_per_s, "tokens/s"),
-            _rate(tp.steps_per_s, "optimizer steps/s"),
+            _rate(tp.steps_per_s, "training steps/s"),
         )
         if x
     ]
+    heavy = f" (heavy-tailed: p95 {_ms(st.p95_ms)})" if st.noisy else ""
     lines = [
         f"  throughput (steady-state mean, all ranks): {' | '.join(rates)}",
-        f"  step time: mean {_ms(st.mean_ms)}, median {_ms(st.median_ms)}; where it goes, mean over all ranks:",
+        f"  step time: mean {_ms(st.mean_ms)}, median {_ms(st.median_ms)}{heavy}; "
+        "where it goes, mean over all ranks:",
     ]
+    # A noisy phase's mean is pulled above its median by slow steps: the median and p95 go beside it, as in
+    # the report.
     lines.extend(
-        f"    {name:<10}{phase.ms:>10.2f} ms {phase.share:>7.1%}" for name, phase in st.phases.items()
+        f"    {name:<10}{phase.ms:>10.2f} ms {phase.share:>7.1%}"
+        + (f"  noisy: median {_ms(phase.median_ms)}, p95 {_ms(phase.p95_ms)}" if phase.noisy else "")
+        for name, phase in st.phases.items()
     )
     return lines
 

@@ -25,11 +25,13 @@ from tuneup.report.sections import (
     environment,
     hardware,
     interruptions,
+    operators,
     ranks,
     run,
     step_time,
     summary,
     throughput,
+    timeline,
     timeseries,
     warnings,
 )
@@ -45,9 +47,11 @@ class SectionModule(Protocol):
 
 SECTION_MODULES: tuple[SectionModule, ...] = (
     summary,
+    timeline,
     run,
     throughput,
     step_time,
+    operators,
     timeseries,
     hardware,
     ranks,

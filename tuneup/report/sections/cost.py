@@ -189,25 +189,35 @@ def _epoch_line(cost: Cost) -> str:
     steps, basis = cost.steps_per_epoch, text(cost.steps_per_epoch_basis)
     if not is_number(steps):
         return f"Epoch length unknown: {basis}."
-    line = f"One epoch is {count(steps)} optimizer steps ({basis})"
+    line = f"One epoch is {count(steps)} training steps ({basis})"
     if is_number(cost.epoch_s):
         line += f", {duration(cost.epoch_s)} at the steady-state rate"
+        if is_number(cost.loop_overhead_share) and cost.loop_overhead_share > 0:
+            line += (
+                f" plus the validation, checkpoint saves and fit-loop time this run spent per step "
+                f"(+{fraction_percent(cost.loop_overhead_share)})"
+            )
     return line + "."
 
 
 def _projections(analysis: RunAnalysis, cost: Cost, *, priced: bool) -> list[Block]:
     targets = cost.projections
+    ended = cost.run_ended
+    stopped = f" ({text(cost.stop_reason)})" if cost.stop_reason else ""
     if not targets:
-        return [
-            Paragraph(
-                "No projection: the trainer had neither max_steps nor max_epochs, and no target in steps or "
-                "tokens was given.",
-                True,
-            )
-        ]
+        why = (
+            f"the run has ended{stopped}, so nothing is to go; pass --target-steps or --target-tokens to "
+            "price a run of another length"
+            if ended
+            else "the trainer had neither max_steps nor max_epochs, and no target in steps or tokens was given"
+        )
+        return [Paragraph(f"No projection: {why}.", True)]
     spot = priced and cost.figures_spot is not None and any(is_number(t.usd_spot) for t in targets)
-    header = ["Target", "Total steps", "Steps to go", "Time to go"]
-    header += ["Cost to go"] * priced + ["At spot"] * spot
+    if ended:
+        header = ["Target", "Total steps", "Steps", "Time"] + ["Cost"] * priced + ["At spot"] * spot
+    else:
+        header = ["Target", "Total steps", "Steps to go", "Time to go"]
+        header += ["Cost to go"] * priced + ["At spot"] * spot
     rows = []
     for t in targets:
         remaining = t.steps_remaining
@@ -222,7 +232,18 @@ def _projections(analysis: RunAnalysis, cost: Cost, *, priced: bool) -> list[Blo
             )
         )
     steps_per_s = analysis.throughput.steps_per_s
-    rate = f" ({number(steps_per_s)} optimizer steps/s)" if is_number(steps_per_s) else ""
+    rate = f" ({number(steps_per_s)} training steps/s)" if is_number(steps_per_s) else ""
+    overhead = (
+        f", plus the validation, saves and fit-loop time each step brought along "
+        f"(+{fraction_percent(cost.loop_overhead_share)})"
+        if is_number(cost.loop_overhead_share) and cost.loop_overhead_share > 0
+        else ""
+    )
+    basis = (
+        f"The run has ended{stopped}: a target is a run of that length from step 0"
+        if ended
+        else "From the last recorded step"
+    )
     out: list[Block] = [
         table(
             "Time and cost to reach a target" if priced else "Time to reach a target",
@@ -230,7 +251,10 @@ def _projections(analysis: RunAnalysis, cost: Cost, *, priced: bool) -> list[Blo
             rows,
             range(1, len(header)),
         ),
-        Paragraph(f"From the last recorded step, at this run's steady-state rate{rate}."),
+        Paragraph(
+            f"{basis}, at this run's steady-state rate{rate}{overhead}. A training step is a batch that "
+            "stepped the optimizers (Lightning's max_steps counts each optimizer's steps)."
+        ),
     ]
     if any(not is_number(t.total_steps) for t in targets):
         out.append(

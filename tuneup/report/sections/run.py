@@ -43,7 +43,7 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
         ("Parameters", _parameters(run)),
         ("World size", _world(run)),
         ("Hosts", by_value(run.hosts)),
-        ("Strategy", text(run.strategy)),
+        ("Strategy", text(run.strategy) + _start_method(run.start_method)),
         ("Precision", text(run.precision)),
         ("Accelerator", text(run.accelerator)),
         ("Trainer package", text(run.namespace)),
@@ -104,3 +104,15 @@ def accumulation(value: object) -> str:
     if value == 1:
         return "none (1 micro-batch per optimizer step)"
     return f"{text(value)} micro-batches per optimizer step" if is_number(value) else text(value)
+
+
+# How DDP's ranks were started, as Lightning's strategy names say it.
+START_METHODS = {
+    "popen": "ranks started as new processes (ddp)",
+    "spawn": "ranks spawned by the launching process (ddp_spawn)",
+    "fork": "ranks forked from the launching process (ddp_fork, ddp_notebook)",
+}
+
+
+def _start_method(method: str | None) -> str:
+    return f"; {START_METHODS.get(method, text(method))}" if method else ""

@@ -1,6 +1,10 @@
 """Where step time goes: the steady step split into data, forward, backward, optimizer and other time,
 for all ranks together and per rank, and the figure of it (`step_breakdown.png`).
 
+The phases are means, so that they add up to the step; where a few slow steps carry a mean (the analysis
+marks it `noisy`), the table shows the median and p95 beside it and says so. Slow periods, kept in the
+figures, are listed with how much slower they ran and what share of the time they took.
+
 The figure stays readable at any job size: one bar per rank up to MAX_BARS ranks, one bar per host up to
 MAX_BARS hosts, and beyond that five bars for the spread of the ranks (fastest, p5, median, p95, slowest).
 """
@@ -10,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuneup.analyze.model import RankStepTime, RunAnalysis
+from tuneup.analyze.model import RankStepTime, RunAnalysis, StepTime
+from tuneup.analyze.slow_periods import SLOW_FACTOR
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import Block, Paragraph, figures, table
-from tuneup.report.format import MISSING, is_number, ms, share, text
+from tuneup.report.format import MISSING, count, is_number, ms, number, share, text
 from tuneup.report.plotting import (
     HEIGHT_PX,
     MAX_LEGEND_ENTRIES,
@@ -37,6 +42,8 @@ MAX_BARS = 32
 # The ranks the distribution view shows, by whole step: (label, quantile).
 _SPREAD = (("fastest", 0.0), ("p5", 0.05), ("median", 0.5), ("p95", 0.95), ("slowest", 1.0))
 
+NOISY = "noisy: slow steps pull the mean above the median"
+
 
 def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     st = analysis.step_time
@@ -48,14 +55,13 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
         out.append(
             Paragraph(
                 f"Over all ranks' steady-state steps: mean {ms(st.mean_ms)} (the step the throughput is made "
-                f"of), median {ms(st.median_ms)}, p95 {ms(st.p95_ms)}."
+                f"of), median {ms(st.median_ms)}, p95 {ms(st.p95_ms)}"
+                + (" (heavy-tailed: slow steps pull the mean above the median)." if st.noisy else ".")
             )
         )
-        rows = [(name, ms(p.ms), share(p.share)) for name, p in st.phases.items()]
-        rows.append(("whole step", ms(st.mean_ms), share(1.0) if is_number(st.mean_ms) else MISSING))
-        out.append(
-            table("All ranks: mean per step", ("Phase", "Time", "Share of step"), rows, (1, 2), total=True)
-        )
+        out.extend(_phase_table(st))
+    if st.slow_periods:
+        out.extend(_slow_periods(st))
     if len(st.per_rank) > 1:
         names = list(dict.fromkeys(n for r in st.per_rank for n in r.phase_mean_ms))
         rank_rows = []
@@ -69,6 +75,64 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
             )
         )
     return out + figures(ID, plots)
+
+
+def _phase_table(st: StepTime) -> list[Block]:
+    """The mean per step by phase; with a median and p95 column, and the label, where any is noisy."""
+    whole = share(1.0) if is_number(st.mean_ms) else MISSING
+    noisy = [name for name, p in st.phases.items() if p.noisy]
+    if not noisy and not st.noisy:
+        rows = [(name, ms(p.ms), share(p.share)) for name, p in st.phases.items()]
+        rows.append(("whole step", ms(st.mean_ms), whole))
+        return [
+            table("All ranks: mean per step", ("Phase", "Time", "Share of step"), rows, (1, 2), total=True)
+        ]
+    rows = [
+        (name, ms(p.ms), share(p.share), ms(p.median_ms), ms(p.p95_ms), NOISY if p.noisy else "")
+        for name, p in st.phases.items()
+    ]
+    rows.append(
+        ("whole step", ms(st.mean_ms), whole, ms(st.median_ms), ms(st.p95_ms), NOISY if st.noisy else "")
+    )
+    header = ("Phase", "Time", "Share of step", "Median", "p95", "Note")
+    out: list[Block] = [table("All ranks: mean per step", header, rows, (1, 2, 3, 4), total=True)]
+    if noisy:
+        named = noisy[0] if len(noisy) == 1 else f"{', '.join(noisy[:-1])} and {noisy[-1]}"
+        out.append(
+            Paragraph(
+                f"The {named} mean{'s are' if len(noisy) > 1 else ' is'} pulled above the median by slow "
+                "steps: read the median for what a typical step spends. The means are kept in the table "
+                "because they add up to the step the throughput is made of."
+            )
+        )
+    return out
+
+
+def _slow_periods(st: StepTime) -> list[Block]:
+    rows = [
+        (
+            f"{text(p.first_step)}–{text(p.last_step)}",
+            count(p.steps),
+            ms(p.median_ms),
+            f"{number(p.slowdown, 1)}×",
+            share(p.share_of_time),
+        )
+        for p in st.slow_periods
+    ]
+    return [
+        Paragraph(
+            f"Slow periods: stretches of steady steps whose median ran above {number(SLOW_FACTOR, 1)}× the "
+            f"steady step time ({ms(st.slow_periods[0].baseline_ms)}, the lower quartile of the steady steps: "
+            "the pace kept when nothing slows the job). They are not warm-up, and they stay in the "
+            "throughput and step-time figures, since they are part of what the job delivered."
+        ),
+        table(
+            "Slow periods, kept in the figures",
+            ("Steps", "Recorded steps", "Median step", "Of the steady step", "Share of the time"),
+            rows,
+            (1, 2, 3, 4),
+        ),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------

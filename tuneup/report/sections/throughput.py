@@ -32,15 +32,17 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     out: list[Block] = [
         table(
             "Steady-state rates per rank",
-            ("Rank", "Samples/s", "Tokens/s", "Optimizer steps/s"),
+            ("Rank", "Samples/s", "Tokens/s", "Training steps/s"),
             rows,
             (1, 2, 3),
             total=True,
         ),
         Paragraph(f"How the rates are computed: {THROUGHPUT_STATISTIC}."),
         Paragraph(
-            "For all ranks, samples and tokens add up; optimizer steps/s is the slowest rank's, since ranks "
-            "step together."
+            "For all ranks, samples and tokens add up; training steps/s is the slowest rank's, since ranks "
+            "step together. A training step is a batch that stepped the optimizers, as Lightning counts "
+            "training steps (with accumulation, all its micro-batches; a GAN stepping two optimizers per batch "
+            "makes one step per batch, though its global_step moves by two)."
         ),
     ]
     st = analysis.step_time

@@ -43,7 +43,11 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     ts = analysis.timeseries
     out: list[Block] = []
     loss = ts.loss
-    if loss.step and len(loss.step) == len(loss.values):
+    if len(loss.step) == 1 and len(loss.values) == 1:
+        out.append(
+            Paragraph(f"Loss at step {text(loss.step[0])}: {number(loss.values[0])} (one step recorded).")
+        )
+    elif loss.step and len(loss.step) == len(loss.values):
         out.append(
             Paragraph(
                 f"Loss went from {number(loss.values[0])} at step {text(loss.step[0])} "

@@ -1,0 +1,401 @@
+"""The checks that need a GPU, in one script that fits the device machine's time (under 8 minutes).
+
+    python benchmarks/gpu_check.py [--out DIR] [--quick]
+
+Run on a CUDA machine; it prints one table per check and a JSON summary at the end (also written to
+DIR/gpu_check.json). Nothing here asserts: the numbers go into the closing note of the issue that ran it.
+Each check is independent; one that fails prints its error and the others still run.
+
+Checks (grown issue by issue):
+
+1. environment: torch, CUDA, the GPU, NVML (nvidia-ml-py) as tuneup's sensor sees it.
+2. phases on the device (issue 12): a GAN with manual optimization (two optimizers), a one-optimizer
+   manual loop and automatic optimization with accumulation, each with a known delay of *device* time
+   injected into every phase (`torch.cuda._sleep`, calibrated here with CUDA events). tuneup's step clock
+   times phases with CUDA events on a GPU; each injected delay must come back in its phase within 10%
+   (or 2 ms), step ids must be consecutive, and steps/s must match the loop's own clock.
+3. the job timeline on a GPU (issue 12): validation and checkpoint saves with known delays; the parts
+   must sum to the fit's wall time, which must match the caller's clock within 2%.
+4. operator drill-down on a GPU (issue 12): `profile_steps=3`; the report must show device (CUDA) time
+   per operator, and the trace must load as JSON.
+5. telemetry (issue 12): NVML utilization and power samples in the record; the process tree's memory
+   measure (PSS).
+6. overhead on a GPU: a ~2 ms and a ~10 ms step, with and without the callback, interleaved, medians of
+   repeats (the DESIGN's rule: no host-device synchronization per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS: dict[str, Any] = {}
+# "gpu" on the device machine; "cpu" with --dry-run, which runs every check's code on the CPU (host delays
+# instead of device ones) so that a mistake is found here, not in the device's few minutes.
+ACCELERATOR = "gpu"
+
+
+def check(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> None:
+            print(f"\n== {name} ==", flush=True)
+            started = time.perf_counter()
+            try:
+                RESULTS[name] = fn(*args, **kwargs)
+            except Exception as exc:
+                traceback.print_exc()
+                RESULTS[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"({time.perf_counter() - started:.1f} s)", flush=True)
+
+        return run
+
+    return wrap
+
+
+# -- device delays -------------------------------------------------------------------------------------
+
+
+class DeviceDelay:
+    """Injects `ms` of GPU time with torch.cuda._sleep (a spin kernel), calibrated against CUDA events."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self.host = ACCELERATOR == "cpu"
+        if self.host:
+            return
+        cycles = 1_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)  # warm the kernel up
+        samples = []
+        for _ in range(5):
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        self.cycles_per_ms = cycles / statistics.median(samples)
+
+    def __call__(self, ms: float) -> None:
+        if ms > 0 and self.host:
+            end = time.perf_counter() + ms / 1000.0
+            while time.perf_counter() < end:
+                pass
+        elif ms > 0:
+            self.torch.cuda._sleep(int(ms * self.cycles_per_ms))
+
+
+def _modules(delay: DeviceDelay, d: dict[str, float], kind: str) -> tuple[Any, Any, Any]:
+    import lightning.pytorch as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class SlowBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+            delay(d["backward"])
+            return grad
+
+    class SlowSGD(torch.optim.SGD):
+        @torch.no_grad()
+        def step(self, closure: Any = None) -> Any:
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            delay(d["optimizer"])
+            super().step()
+            return loss
+
+    class Loop(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = kind == "automatic"
+            self.net = torch.nn.Linear(64, 64)
+            self.head = torch.nn.Linear(64, 1)
+
+        def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            delay(d["data"])  # device time the step waits for its batch (a transfer's stand-in)
+            return batch
+
+        def _loss(self, x: Any, head: Any) -> Any:
+            delay(d["forward"])
+            return SlowBackward.apply(head(self.net(x)).pow(2).mean())
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            (x,) = batch
+            if kind == "automatic":
+                return self._loss(x, self.head)
+            if kind == "gan":
+                opt_d, opt_g = self.optimizers()
+                for opt, head in ((opt_d, self.head), (opt_g, torch.nn.Identity())):
+                    self.toggle_optimizer(opt)
+                    self.manual_backward(self._loss(x, head))
+                    opt.step()
+                    opt.zero_grad()
+                    self.untoggle_optimizer(opt)
+                return None
+            opt = self.optimizers()
+            self.manual_backward(self._loss(x, self.head))
+            opt.step()
+            opt.zero_grad()
+            return None
+
+        def configure_optimizers(self) -> Any:
+            if kind == "gan":
+                return [SlowSGD(self.head.parameters(), lr=0.01), SlowSGD(self.net.parameters(), lr=0.01)]
+            return SlowSGD(self.parameters(), lr=0.01)
+
+    loader = DataLoader(TensorDataset(torch.randn(4096, 64)), batch_size=32)
+    return L, Loop(), loader
+
+
+@check("phases on the device")
+def phases(out: Path, steps: int) -> dict[str, Any]:
+    from tuneup import TuneupCallback, load_run
+    from tuneup.analyze.analysis import analyze_run
+
+    delay = DeviceDelay()
+    injected = {"data": 2.0, "forward": 3.0, "backward": 4.0, "optimizer": 1.5}
+    calls = {
+        "gan": {"data": 1, "forward": 2, "backward": 2, "optimizer": 2},
+        "manual": {"data": 1, "forward": 1, "backward": 1, "optimizer": 1},
+        "automatic": {"data": 2, "forward": 2, "backward": 2, "optimizer": 1},
+    }
+    results: dict[str, Any] = {}
+    print(f"{'loop':<10} {'phase':<10} {'injected ms':>12} {'measured ms':>12} {'error':>8}")
+    for kind, per in calls.items():
+        L, module, loader = _modules(delay, injected, kind)
+        run_dir = out / f"phases-{kind}"
+        cb = TuneupCallback(dirpath=run_dir, count_flops=False)
+        trainer = L.Trainer(
+            accelerator=ACCELERATOR, devices=1, max_steps=steps * (2 if kind == "gan" else 1),
+            accumulate_grad_batches=2 if kind == "automatic" else 1, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[cb], default_root_dir=str(out),
+        )  # fmt: skip
+        trainer.fit(module, loader)
+        run = load_run(run_dir)
+        recorded = run.steps(0)
+        steady = recorded[5:]
+        row: dict[str, Any] = {
+            "timing": run.ranks[0].info.timing,
+            "consecutive_ids": [s.step for s in recorded] == list(range(len(recorded))),
+            "steps_per_s": analyze_run(run).throughput.steps_per_s,
+        }
+        for phase, n in per.items():
+            want = n * injected[phase]
+            got = statistics.median(getattr(s, f"{phase}_ms") for s in steady)
+            row[phase] = {"injected_ms": want, "measured_ms": got}
+            print(f"{kind:<10} {phase:<10} {want:>12.2f} {got:>12.2f} {got / want - 1:>+8.1%}")
+        print(
+            f"{kind:<10} timing={row['timing']} consecutive ids={row['consecutive_ids']} steps/s={row['steps_per_s']:.1f}"
+        )
+        results[kind] = row
+    return results
+
+
+@check("job timeline on the device")
+def timeline(out: Path) -> dict[str, Any]:
+    import lightning.pytorch as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tuneup import TuneupCallback
+    from tuneup.report import analyze
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(64, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.net(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            time.sleep(0.02)
+
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            time.sleep(0.05)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    run_dir = out / "timeline"
+    data = DataLoader(TensorDataset(torch.randn(2048, 64)), batch_size=32)
+    trainer = L.Trainer(
+        accelerator=ACCELERATOR, devices=1, max_steps=60, val_check_interval=20, limit_val_batches=3, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(out),
+        callbacks=[TuneupCallback(dirpath=run_dir), L.callbacks.ModelCheckpoint(dirpath=out / "ckpt", every_n_train_steps=20)],
+    )  # fmt: skip
+    started = time.perf_counter()
+    trainer.fit(Module(), data, DataLoader(TensorDataset(torch.randn(256, 64)), batch_size=32))
+    fit_s = time.perf_counter() - started
+    tl = analyze(run_dir).timeline
+    assert tl is not None
+    parts = {p.name: (round(p.seconds, 3), p.count) for p in tl.parts}
+    print(
+        f"fit around trainer.fit {fit_s:.3f} s; timeline {tl.fit_wall_s:.3f} s ({tl.fit_wall_s / fit_s - 1:+.1%})"
+    )
+    for name, (seconds, count) in parts.items():
+        print(f"  {name:<18} {seconds:>8.3f} s  {count if count is not None else ''}")
+    return {"fit_s": fit_s, "timeline_s": tl.fit_wall_s, "parts": parts}
+
+
+@check("operator drill-down on the device")
+def operators(out: Path) -> dict[str, Any]:
+    from tuneup import TuneupCallback
+    from tuneup.report import analyze
+
+    delay = DeviceDelay()
+    L, module, loader = _modules(delay, {"data": 0, "forward": 0, "backward": 0, "optimizer": 0}, "gan")
+    run_dir = out / "operators"
+    trainer = L.Trainer(
+        accelerator=ACCELERATOR, devices=1, max_steps=40, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(out),
+        callbacks=[TuneupCallback(dirpath=run_dir, profile_steps=3, profile_start_step=5)],
+    )  # fmt: skip
+    trainer.fit(module, loader)
+    trace = json.loads((run_dir / "rank-0" / "trace.json").read_text())
+    ops = analyze(run_dir).operators
+    assert ops is not None
+    found: dict[str, Any] = {"trace_events": len(trace["traceEvents"]), "device": ops.device}
+    for phase in ops.phases:
+        top = [(o.name, o.self_cpu_ms_per_step, o.device_ms_per_step) for o in phase.operators[:3]]
+        found[phase.phase] = top
+        print(f"  {phase.phase:<10} device {phase.device_ms_per_step} ms/step; top: {top}")
+    return found
+
+
+@check("telemetry")
+def telemetry(out: Path) -> dict[str, Any]:
+    from tuneup.report import analyze
+
+    run_dir = out / "phases-manual"
+    tel = analyze(run_dir).telemetry
+    gpus = [(g.index, g.util_percent_mean, g.power_w_mean) for g in tel.gpus]
+    memory = [(p.memory_measure, p.memory_bytes_max) for p in tel.processes]
+    print(f"  GPUs (index, util %, power W): {gpus}")
+    print(f"  process memory (measure, peak bytes): {memory}")
+    return {"gpus": gpus, "memory": memory}
+
+
+@check("overhead on the device")
+def overhead(out: Path, repeats: int) -> dict[str, Any]:
+    import lightning.pytorch as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tuneup import TuneupCallback
+
+    class Timer(L.Callback):
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.ends.append(time.perf_counter())
+
+    def fit(width: int, with_tuneup: bool) -> float:
+        module = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
+
+        class M(L.LightningModule):
+            def __init__(self) -> None:
+                super().__init__()
+                self.m = module
+
+            def training_step(self, batch: Any, batch_idx: int) -> Any:
+                return self.m(batch[0]).pow(2).mean()
+
+            def configure_optimizers(self) -> Any:
+                return torch.optim.SGD(self.parameters(), lr=0.001)
+
+        timer = Timer()
+        callbacks: list[Any] = [timer] + (
+            [TuneupCallback(dirpath=Path(tempfile.mkdtemp(dir=out)))] if with_tuneup else []
+        )
+        trainer = L.Trainer(
+            accelerator=ACCELERATOR, devices=1, max_steps=300, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, default_root_dir=str(out),
+        )  # fmt: skip
+        trainer.fit(M(), DataLoader(TensorDataset(torch.randn(300 * 256, width)), batch_size=256))
+        if ACCELERATOR == "gpu":
+            torch.cuda.synchronize()
+        gaps = [b - a for a, b in zip(timer.ends[60:], timer.ends[61:], strict=False)]
+        return statistics.median(gaps) * 1000.0
+
+    results = {}
+    # About 2 ms and 10 ms steps on an H100-class GPU; tiny on the CPU of a dry run.
+    for width in (1024, 4096) if ACCELERATOR == "gpu" else (32, 64):
+        pairs = [(fit(width, False), fit(width, True)) for _ in range(repeats)]
+        base = statistics.median(p[0] for p in pairs)
+        with_cb = statistics.median(p[1] for p in pairs)
+        results[width] = {"baseline_ms": base, "tuneup_ms": with_cb, "overhead": with_cb / base - 1}
+        print(
+            f"  width {width}: baseline {base:.3f} ms/step, tuneup {with_cb:.3f} ms/step ({with_cb / base - 1:+.1%})"
+        )
+    return results
+
+
+@check("environment")
+def environment() -> dict[str, Any]:
+    import torch
+
+    from tuneup.collect.nvml import gpu_inventory
+
+    info = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)",
+        "inventory": gpu_inventory(),
+    }
+    print(json.dumps(info, indent=1, default=str)[:2000])
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="where runs are written (default: a temp dir)")
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="run every check on the CPU, to test the script"
+    )
+    args = parser.parse_args(argv)
+    import torch
+
+    global ACCELERATOR
+    if args.dry_run:
+        ACCELERATOR = "cpu"
+    elif not torch.cuda.is_available():
+        print("no CUDA device: this script is for the device machine", file=sys.stderr)
+        return 2
+    out = args.out or Path(tempfile.mkdtemp(prefix="tuneup-gpu-check-"))
+    out.mkdir(parents=True, exist_ok=True)
+    environment()
+    phases(out, 30 if args.quick else 60)
+    timeline(out)
+    operators(out)
+    telemetry(out)
+    overhead(out, 2 if args.quick else 3)
+    (out / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    print(f"\nwrote {out / 'gpu_check.json'}")
+    if args.out is None:
+        shutil.rmtree(out, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Marks the step clock needs that Lightning has no hook for, taken by wrapping a few trainer methods.
+
+- The end of each optimizer step: torch's `Optimizer.register_step_post_hook`. Manual optimization can
+  step several optimizers per batch, with a forward between them; without this mark the second forward
+  would be counted as the first optimizer's step.
+- The trainer's own collectives between batches: Lightning 2.x broadcasts a SIGTERM flag from rank 0
+  before every batch (`_broadcast_sigterm_tensor`), and strategies run barriers and broadcasts. A rank
+  that is faster than the others waits in them; untimed, that wait was "other".
+- Checkpoint saves: `trainer.save_checkpoint`, which ModelCheckpoint and users call. `on_save_checkpoint`
+  fires before the file is written, so it cannot time the save.
+
+Wrappers are instance attributes (the class is untouched, other trainers are not affected) and are
+removed at the end of the fit. A wrapper never lets tuneup's own failure reach the trainer: the marks are
+taken through `guard`, which disables recording on an error, and the wrapped method always runs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+# Strategy methods that are collectives the trainer issues between batches (and at epoch ends).
+STRATEGY_SYNC_METHODS = ("barrier", "broadcast", "reduce_boolean_decision")
+
+
+class TrainerTaps:
+    """Installs the wrappers on one trainer; `remove` restores it."""
+
+    def __init__(
+        self,
+        guard: Callable[[Callable[[], None]], Callable[[], None]],
+        on_sync_start: Callable[[], None],
+        on_sync_end: Callable[[], None],
+        on_save_start: Callable[[], None],
+        on_save_end: Callable[[], None],
+        on_optimizer_step_end: Callable[[], None],
+    ) -> None:
+        self._sync = (guard(on_sync_start), guard(on_sync_end))
+        self._save = (guard(on_save_start), guard(on_save_end))
+        self._step_end = guard(on_optimizer_step_end)
+        self._patched: list[tuple[Any, str, Any]] = []  # (object, attribute, the wrapper set)
+        self._handles: list[Any] = []
+        self.optimizers_hooked = 0
+        self.sigterm_broadcast_tapped = False
+
+    def install(self, trainer: Any) -> None:
+        strategy = getattr(trainer, "strategy", None)
+        for name in STRATEGY_SYNC_METHODS:
+            self._wrap(strategy, name, *self._sync)
+        epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        self.sigterm_broadcast_tapped = self._wrap(epoch_loop, "_broadcast_sigterm_tensor", *self._sync)
+        self._wrap(trainer, "save_checkpoint", *self._save)
+        step_end = self._step_end
+        for optimizer in getattr(trainer, "optimizers", None) or []:
+            register = getattr(optimizer, "register_step_post_hook", None)
+            if register is not None:
+                self._handles.append(register(lambda *_: step_end()))
+                self.optimizers_hooked += 1
+
+    def _wrap(self, obj: Any, name: str, before: Callable[[], None], after: Callable[[], None]) -> bool:
+        original = getattr(obj, name, None) if obj is not None else None
+        if original is None or not callable(original):
+            return False
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            before()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                after()
+
+        try:
+            setattr(obj, name, wrapper)
+        except (AttributeError, TypeError):
+            return False
+        self._patched.append((obj, name, wrapper))
+        return True
+
+    def remove(self) -> None:
+        for obj, name, wrapper in reversed(self._patched):
+            # Only our own wrapper is taken off: if something wrapped ours since, leave the chain alone.
+            if obj.__dict__.get(name) is wrapper:
+                delattr(obj, name)
+        self._patched.clear()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
