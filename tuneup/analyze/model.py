@@ -36,7 +36,7 @@ def significant(digits: int, default: Any = dataclasses.MISSING) -> Any:
 
 # Which statistic the throughput is, said once for the report's sections and the terminal alike.
 THROUGHPUT_STATISTIC = (
-    "a steady-state mean: each rank's samples, tokens or optimizer steps after warm-up over those steps' "
+    "a steady-state mean: each rank's samples, tokens or training steps after warm-up over those steps' "
     "total time, so a slow step counts in full"
 )
 

@@ -265,7 +265,9 @@ def _projections(analysis: RunAnalysis, cost: Cost, *, priced: bool) -> list[Blo
             )
         )
     if not priced:
-        out.append(Paragraph("Costs to go appear once the run is priced (see above).", True))
+        out.append(
+            Paragraph(f"Costs{'' if ended else ' to go'} appear once the run is priced (see above).", True)
+        )
     return out
 
 

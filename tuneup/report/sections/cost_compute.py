@@ -43,7 +43,7 @@ def compute_blocks(flops: Compute) -> list[Block]:
         return [Paragraph(f"Compute: {text(note) if note else 'FLOPs were not counted'}.", True)]
     pairs = [
         ("FLOPs from", text(flops.source)),
-        ("Per optimizer step", or_why(flop_count(flops.flops_per_step), "not counted per step")),
+        ("Per training step", or_why(flop_count(flops.flops_per_step), "not counted per step")),
         ("Per sample", flop_count(flops.flops_per_sample)),
         ("Achieved, all devices", tflops_rate(flops.achieved_tflops_per_s)),
         ("Achieved per device", tflops_rate(flops.achieved_tflops_per_s_per_device)),
@@ -91,7 +91,7 @@ def energy_blocks(energy: Energy) -> list[Block]:
         ("Measured span", duration(energy.span_s)),
         ("Energy over the span", kwh(energy.energy_kwh)),
         ("Mean power, all GPUs", with_unit(energy.mean_power_w, "W", 0)),
-        ("Per optimizer step", _si_or_dash(energy.j_per_step, "J")),
+        ("Per training step", _si_or_dash(energy.j_per_step, "J")),
         ("Per 1M tokens", or_why(kwh(energy.kwh_per_million_tokens), NO_TOKENS)),
         ("Electricity price", usd_rate(electricity, "kWh") if is_number(electricity) else "not given"),
         (

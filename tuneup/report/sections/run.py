@@ -51,7 +51,7 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
         ("Gradient accumulation", accumulation(run.accumulate_grad_batches)),
         (
             "Global batch",
-            f"{count(global_batch)} samples per optimizer step" if is_number(global_batch) else MISSING,
+            f"{count(global_batch)} samples per training step" if is_number(global_batch) else MISSING,
         ),
         ("CPU", _cpu(run.hardware)),
         ("GPUs", _gpus(run.hardware)),
@@ -100,10 +100,10 @@ def _gpus(hw: Hardware) -> str:
 
 
 def accumulation(value: object) -> str:
-    """Gradient accumulation in words: how many micro-batches make one optimizer step."""
+    """Gradient accumulation in words: how many micro-batches make one training step."""
     if value == 1:
-        return "none (1 micro-batch per optimizer step)"
-    return f"{text(value)} micro-batches per optimizer step" if is_number(value) else text(value)
+        return "none (1 micro-batch per training step)"
+    return f"{text(value)} micro-batches per training step" if is_number(value) else text(value)
 
 
 # How DDP's ranks were started, as Lightning's strategy names say it.

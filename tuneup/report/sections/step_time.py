@@ -274,7 +274,7 @@ def _draw_step_breakdown(analysis: RunAnalysis) -> Drawn | None:
     ax.invert_yaxis()  # rank 0 (or the fastest) on top, as the tables list it
     ax.grid(axis="y", visible=False)
     ax.set_axisbelow(True)  # grid lines behind the bars, not across the numbers on them
-    ax.set_xlabel("mean time per optimizer step, steady steps (ms)")
+    ax.set_xlabel("mean time per training step, steady steps (ms)")
     title, caption = _words(analysis, kind, n)
     ax.set_title(title)
     fig.legend(loc="outside lower center", ncols=len(PHASE_ORDER), title=None)
@@ -286,18 +286,18 @@ def _words(analysis: RunAnalysis, kind: str, bars: int) -> tuple[str, str]:
     if kind == "rank":
         return (
             "Where each rank's step time goes",
-            f"Each bar is one rank's mean optimizer step after warm-up, {_PHASES_SPLIT}{tail}",
+            f"Each bar is one rank's mean training step after warm-up, {_PHASES_SPLIT}{tail}",
         )
     ranks = len(analysis.step_time.per_rank)
     if kind == "host":
         return (
             "Where each host's step time goes",
-            f"Each bar is one of the {bars} hosts' mean optimizer step after warm-up (the mean of its ranks' "
+            f"Each bar is one of the {bars} hosts' mean training step after warm-up (the mean of its ranks' "
             f"phase means, {ranks:,} ranks in all), {_PHASES_SPLIT}{tail}",
         )
     return (
         f"Where step time goes across {ranks:,} ranks",
-        f"Each bar is one rank's mean optimizer step after warm-up: the fastest rank, the ranks at the 5th "
+        f"Each bar is one rank's mean training step after warm-up: the fastest rank, the ranks at the 5th "
         f"percentile, the median and the 95th percentile, and the slowest rank of all {ranks:,} by whole "
         f"step, {_PHASES_SPLIT}{tail}",
     )

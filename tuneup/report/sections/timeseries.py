@@ -126,7 +126,7 @@ def _draw_throughput(analysis: RunAnalysis) -> Drawn | None:
     return Drawn(
         fig,
         title,
-        f"Training speed of all ranks together in {what} per second at each optimizer step, where "
+        f"Training speed of all ranks together in {what} per second at each training step, where "
         f"higher is better and dips are slow steps{note}{token_note}.",
     )
 
@@ -227,7 +227,7 @@ def _draw_loss(analysis: RunAnalysis) -> Drawn | None:
     return Drawn(
         fig,
         title,
-        f"The training loss {who} logged at each optimizer step, on the model's own scale"
+        f"The training loss {who} logged at each training step, on the model's own scale"
         f"{' and a logarithmic axis' if log else ''}{smooth_note}; it should trend down.",
     )
 

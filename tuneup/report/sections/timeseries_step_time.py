@@ -1,4 +1,4 @@
-"""`step_time.png` for the Over the run section: every optimizer step's wall-clock time, per rank.
+"""`step_time.png` for the Over the run section: every training step's wall-clock time, per rank.
 
 Up to MAX_LEGEND_ENTRIES ranks, one line per rank with a legend. Beyond, 1,024 lines would be a solid
 smear with a legend nobody can read: the figure shows the median rank's step time at each step with the
@@ -39,7 +39,7 @@ Line = tuple[list[float], list[float]]
 
 def step_axis_label(analysis: RunAnalysis) -> str:
     windows = analysis.timeseries.source == "windows"
-    return "optimizer step" + (" (end of each window of steps)" if windows else "")
+    return "training step" + (" (end of each window of steps)" if windows else "")
 
 
 def draw_step_time(analysis: RunAnalysis) -> Drawn | None:
@@ -91,7 +91,7 @@ def draw_step_time(analysis: RunAnalysis) -> Drawn | None:
     return Drawn(
         fig,
         title,
-        f"Wall-clock time of every optimizer step on {who}, where lower is better: {how}{listed}.",
+        f"Wall-clock time of every training step on {who}, where lower is better: {how}{listed}.",
     )
 
 
