@@ -32,6 +32,13 @@ def test_ddp_two_ranks_each_record_and_a_straggler_shows(ddp_straggler_run: Path
     # Rank 0 also waits in Lightning's per-batch SIGTERM broadcast; that wait is not the dataloader's.
     assert run.ranks[0].info.raw["data_timing"] == "fetch"
     assert statistics.median(s.data_ms for s in run.steps(0)[2:]) < 10
+    # ... and that wait is named: sync, not other. Rank 0 waits there for rank 1's second micro-batch, and
+    # "other" is left at a few per cent of the step on both ranks.
+    assert statistics.median(s.sync_ms for s in run.steps(0)[2:]) >= STRAGGLER_SLEEP_MS * 0.5
+    for rank in (0, 1):
+        steady = run.steps(rank)[2:]
+        other_share = sum(s.other_ms for s in steady) / sum(s.wall_ms for s in steady)
+        assert other_share < 0.05, (rank, other_share)
 
 
 def test_ddp_with_pytorch_lightning_namespace(tmp_path: Path) -> None:

@@ -159,3 +159,27 @@ def test_a_run_too_short_for_a_steady_state_says_so_instead_of_quoting_figures(
     assert "No steady state" in markdown
     if kind == "fast_dev_run":
         assert "Loss went from" not in markdown and "(one step recorded)" in markdown
+
+
+def test_waiting_in_the_trainers_collectives_is_a_sync_finding_not_other(tmp_path: Path) -> None:
+    # Defect: in 2-rank DDP, "other" was 28-40% of the step and blamed on callbacks and logging; it was a
+    # fast rank waiting in Lightning's per-batch SIGTERM flag broadcast. Now that wait is "sync", said so.
+    from tuneup.record import RankWriter, write_manifest
+
+    from synthetic import step_record
+
+    write_manifest(tmp_path, {"run_id": "r", "created_unix": 1.0, "world_size": 2, "num_nodes": 1})
+    for rank in range(2):
+        w = RankWriter(tmp_path, rank)
+        w.open({"host": "node"})
+        for step in range(40):
+            record = step_record(step, wall_ms=12.0)
+            # Rank 0 waits 2.5 ms per step for rank 1, which spends it in forward.
+            record.update(other_ms=0.0, sync_ms=2.5 if rank == 0 else 0.0)
+            record["forward_ms"] += 0.0 if rank == 0 else 2.5
+            w.add_step(record)
+        w.close(status="completed")
+    analysis = analyze(tmp_path)
+    ids = {f.id for f in analysis.findings}
+    assert "sync_wait" in ids and "other_time" not in ids
+    assert analysis.step_time.phases["sync"].ms == pytest.approx(1.25)

@@ -23,9 +23,11 @@ from tuneup.analyze.throughput import MIN_STEPS_FOR_SPREAD
 
 # Input waits above this share of the step leave the accelerator idle often enough to matter.
 DATA_WAIT_SHARE = 0.10
-# Time outside the four named phases above this share points at per-batch overhead (callbacks, logging,
-# synchronizing collectives) or waiting for another rank.
+# Time outside the named phases above this share points at per-batch overhead (callbacks, logging).
 OTHER_SHARE = 0.15
+# Waiting in the trainer's own per-batch collectives above this share: ranks arrive at the batch boundary
+# at different times, by a margin worth finding (a straggler, uneven data).
+SYNC_SHARE = 0.10
 # Below this average utilization a GPU is idle for a large part of the run.
 LOW_GPU_UTIL_PERCENT = 50.0
 # Communication the step waits for, above this share of the step, is worth overlapping or shrinking.
@@ -92,15 +94,27 @@ def findings(
                 f"{worst.data_ms:.1f} ms, at step {worst.step} on rank {worst.rank}.",
             )
         )
+    sync = phases.get("sync")
+    if sync and sync.share >= SYNC_SHARE:
+        out.append(
+            Finding(
+                "sync_wait",
+                "info",
+                f"{sync.share:.0%} of step time is spent in the trainer's own collectives between batches",
+                f"{sync.ms:.1f} ms per step in Lightning's per-batch SIGTERM flag broadcast and strategy "
+                "barriers: a rank waits there for slower ranks, so the time is the others' extra data, forward "
+                "or optimizer time (see the per-rank breakdown), not the collective's own cost.",
+            )
+        )
     other = phases.get("other")
     if other and other.share >= OTHER_SHARE:
         out.append(
             Finding(
                 "other_time",
                 "info",
-                f"{other.share:.0%} of step time is outside data, forward, backward and optimizer",
-                f"{other.ms:.1f} ms per step goes to other callbacks, logging, the trainer's "
-                "per-batch work and waiting for other ranks between batches.",
+                f"{other.share:.0%} of step time is outside data, forward, backward, optimizer and sync",
+                f"{other.ms:.1f} ms per step goes to the trainer's per-batch work after the optimizer step "
+                "and between batches: other callbacks, logging, learning-rate schedulers, progress.",
             )
         )
     for gpu in telemetry.gpus:

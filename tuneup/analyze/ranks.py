@@ -52,7 +52,8 @@ class Straggler:
             f"rank {self.rank} is a straggler: its {self.phase_name} takes {self.phase_ms:.1f} ms per step "
             f"against {self.others_phase_ms:.1f} ms on the other ranks (+{self.excess_ms:.1f} ms, "
             f"{self.share_of_step:.0%} of the {self.step_ms:.1f} ms step); the other ranks spend "
-            f"{self.others_wait_ms:.1f} ms more per step waiting for it in backward and between batches"
+            f"{self.others_wait_ms:.1f} ms more per step waiting for it in backward and between batches "
+            "(sync, other)"
         )
 
 
