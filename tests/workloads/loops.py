@@ -8,14 +8,14 @@
 
 Delays: `data_ms` in the collate function (every batch), `forward_ms` in each forward section,
 `backward_ms` in each backward pass (an autograd function that sleeps), `optimizer_ms` in each
-optimizer step (an SGD that sleeps). `expected_ms(kind)` is what one training step should hold, from the
-sleeps as they really took (SLEPT_MS; clear it before a fit).
+optimizer step (an SGD that sleeps). Each delay is busy-waited and recorded as it really took, with when
+it ended (INJECTED, SLEPT_MS; `clear_injected()` before a fit), so that a test can sum the delays that fell
+inside each training step's time window.
 """
 
 from __future__ import annotations
 
 import importlib
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -53,11 +53,20 @@ def calls_per_step(kind: str) -> dict[str, int]:
     return {"data": batches, "forward": passes, "backward": passes, "optimizer": 2 if kind == "gan" else 1}
 
 
-def expected_ms(kind: str) -> dict[str, float]:
-    """Injected milliseconds per training step, per phase: calls times the typical sleep as it was."""
-    return {
-        phase: calls * statistics.median(SLEPT_MS[phase]) for phase, calls in calls_per_step(kind).items()
-    }
+# Every injected delay as it happened: (phase, unix time it ended, milliseconds), to attribute each to the
+# training step whose time window holds it.
+INJECTED: list[tuple[str, float, float]] = []
+
+
+def injected_in(phase: str, start_unix: float, end_unix: float) -> float:
+    """Milliseconds of `phase` delays that ended inside [start_unix, end_unix]."""
+    return sum(ms for p, t, ms in INJECTED if p == phase and start_unix <= t <= end_unix)
+
+
+def clear_injected() -> None:
+    INJECTED.clear()
+    for slept in SLEPT_MS.values():
+        slept.clear()
 
 
 def _sleep_ms(ms: float, phase: str) -> None:
@@ -68,7 +77,9 @@ def _sleep_ms(ms: float, phase: str) -> None:
         end = start + ms / 1000.0
         while time.perf_counter() < end:
             pass
-        SLEPT_MS[phase].append((time.perf_counter() - start) * 1000.0)
+        took_ms = (time.perf_counter() - start) * 1000.0
+        SLEPT_MS[phase].append(took_ms)
+        INJECTED.append((phase, time.time(), took_ms))
 
 
 class _SlowBackward(torch.autograd.Function):

@@ -93,21 +93,22 @@ def rank_timeline(rec: RankRecord) -> RankTimeline:
     validation = _events(rec, "validation")
     saves = _events(rec, "checkpoint")
     steps_s, steps = training_steps_s(rec)
-    first_after_setup = min(
-        [s for s, _ in sanity if s is not None] + ([train_start] if train_start else []), default=None
-    )
+    sanity_s = sum(d for _, d in sanity)
+    # Setup: everything before the training loop but the sanity check (the strategy's setup before it,
+    # the fit loop's data setup after it).
     setup_s = (
-        max(0.0, first_after_setup - start)
-        if start is not None and first_after_setup is not None and _num(raw, "fit_start_unix")
+        max(0.0, train_start - start - sanity_s)
+        if start is not None and train_start is not None and _num(raw, "fit_start_unix")
         else 0.0
     )
+    first_sanity = min((t for t, _ in sanity if t is not None), default=None)
     teardown_s = max(0.0, end - train_end) if end is not None and train_end is not None else 0.0
     saves_s = sum(d for _, d in saves)
     # A save inside a validation (ModelCheckpoint ordered before tuneup) is counted once, as a save.
     validation_s = sum(d for _, d in validation) - _overlap_s(saves, validation)
     measured = {
         "setup": (setup_s, None),
-        "sanity_check": (sum(d for _, d in sanity), len(sanity)),
+        "sanity_check": (sanity_s, len(sanity)),
         "training_steps": (steps_s, steps),
         "validation": (max(0.0, validation_s), len(validation)),
         "checkpoint_saves": (saves_s, sum(1 for e in rec.events if e.get("kind") == "checkpoint")),
@@ -128,7 +129,12 @@ def rank_timeline(rec: RankRecord) -> RankTimeline:
             if t is not None and seconds > 0:
                 intervals.append(TimelineInterval(name, t - start, seconds))
 
-        at("setup", start, setup_s)
+        # Drawn as it happened: the strategy's setup up to the sanity check, the fit loop's after it.
+        before_sanity = (first_sanity - start) if first_sanity is not None else setup_s
+        at("setup", start, min(setup_s, max(0.0, before_sanity)))
+        if first_sanity is not None and train_start is not None:
+            after = setup_s - min(setup_s, max(0.0, before_sanity))
+            at("setup", train_start - after, after)
         if train_start is not None:
             loop_end = train_end if train_end is not None else end
             at("training_steps", train_start, (loop_end or train_start) - train_start)

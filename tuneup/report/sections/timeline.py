@@ -25,7 +25,7 @@ LABELS = {
     "teardown": "Teardown",
 }
 MEANING = {
-    "setup": "model to device, the strategy's wrapping, optimizers, checkpoint restore",
+    "setup": "model to device, the strategy's wrapping, optimizers, checkpoint restore, the loop's data setup",
     "sanity_check": "Lightning's validation batches before training",
     "training_steps": "every step's data, forward, backward, optimizer, sync and other",
     "validation": "validation loops during training",
