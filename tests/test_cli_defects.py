@@ -301,7 +301,7 @@ def test_catalog_counts_and_dates_describe_the_rows_shown(gpu: str) -> None:
     assert proc.returncode == 0, proc.stderr
     header = proc.stdout.splitlines()[0]
     rows = table_rows(proc.stdout)
-    shown = [r for r in load_instances() if gpu.lower() in r.gpu.lower()]
+    shown = list(load_instances().with_gpu(gpu).rows)  # whole parts of the name: L4 is not L40S
     assert len(rows) == len(shown) > 0
     assert re.search(rf"\b{len(rows)} instances?\b", header), header
     undated = sum(" undated " in f"{row} " for row in rows)
@@ -420,3 +420,16 @@ def test_format_value_never_writes_an_exponent() -> None:
                 value,
                 unit,
             )
+
+
+def test_catalog_gpu_filter_matches_whole_parts_of_the_name_not_substrings() -> None:
+    # Defect: --gpu L4 listed the L40S rows and --gpu A10 the A100 rows, the substring trap DESIGN.md
+    # names in Lightning's MFU table.
+    from tuneup.catalog import load_instances
+
+    catalog = load_instances()
+    assert {r.gpu for r in catalog.with_gpu("L4").rows} == {"L4"}
+    assert {r.gpu for r in catalog.with_gpu("a10").rows} == {"A10"}
+    a100 = {r.gpu for r in catalog.with_gpu("A100").rows}
+    assert a100 and all(g.startswith("A100-") for g in a100)
+    assert {r.gpu for r in catalog.with_gpu("a100-80gb").rows} == {g for g in a100 if g.endswith("80GB")}

@@ -183,3 +183,20 @@ def test_waiting_in_the_trainers_collectives_is_a_sync_finding_not_other(tmp_pat
     ids = {f.id for f in analysis.findings}
     assert "sync_wait" in ids and "other_time" not in ids
     assert analysis.step_time.phases["sync"].ms == pytest.approx(1.25)
+
+
+def test_a_failing_mark_inside_the_trainers_methods_stops_recording_not_training(
+    tmp_path: Path, monkeypatch: Any, caplog: Any
+) -> None:
+    # The optimizer post-hook and the collective wrappers run inside torch's and Lightning's code: a bug of
+    # tuneup's there must never reach the training.
+    from tuneup.collect.step_clock import StepClock
+
+    def broken(self: Any) -> None:
+        raise RuntimeError("clock broke")
+
+    monkeypatch.setattr(StepClock, "after_optimizer", broken)
+    trainer = _fit(tmp_path, [TuneupCallback(dirpath=tmp_path / "run")], max_steps=6)
+    assert trainer.global_step == 6  # training went on to the end
+    assert "a trainer mark failed with RuntimeError: clock broke" in caplog.text
+    assert trainer.strategy.__dict__.get("barrier") is None  # the wrappers were taken off at the end

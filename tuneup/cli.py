@@ -358,7 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the packaged catalog of cloud GPU instances (on-demand and spot USD/hour, as-of "
         "dates), extended or overridden by --catalog.",
     )
-    catalog.add_argument("--gpu", help="only instances whose GPU name contains this, e.g. H100")
+    catalog.add_argument(
+        "--gpu",
+        help="only instances with this GPU: whole parts of its name, e.g. H100 or A100-80GB (L4 is not L40S)",
+    )
     catalog.add_argument(
         "--catalog", metavar="CSV", help="instances that extend or override the packaged ones"
     )

@@ -461,19 +461,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         clock = self._clock
         assert clock is not None
 
-        def guard(mark: Callable[[], None]) -> Callable[[], None]:
-            # Runs inside the trainer's methods and torch's optimizer step: it must never raise into them.
-            def call() -> None:
-                if not self._disabled:
-                    try:
-                        mark()
-                    except Exception as exc:
-                        self._disable(f"a trainer mark failed with {type(exc).__name__}: {exc}")
-
-            return call
-
         self._taps = TrainerTaps(
-            guard,
+            # Runs inside the trainer's methods and torch's optimizer step: it must never raise into them.
+            lambda mark: self._never_raises(mark, "a trainer mark"),
             on_sync_start=clock.sync_start,
             on_sync_end=clock.sync_end,
             on_save_start=self._save_started,
@@ -576,19 +566,27 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if clock is None or profiler is None:
             return
 
-        def guarded(mark: Callable[[], None]) -> Callable[[], None]:
-            # Runs inside Lightning's data fetching: it must never raise into it.
-            def call() -> None:
-                if not self._disabled:
-                    try:
-                        mark()
-                    except Exception as exc:
-                        self._disable(f"timing a batch fetch failed with {type(exc).__name__}: {exc}")
-
-            return call
-
         actions = fetch_actions(type(trainer.strategy).__name__)
-        self._fetch_tap = FetchTap(profiler, actions, guarded(clock.fetch_start), guarded(clock.fetch_end))
+        # Runs inside Lightning's data fetching: it must never raise into it.
+        self._fetch_tap = FetchTap(
+            profiler,
+            actions,
+            self._never_raises(clock.fetch_start, "timing a batch fetch"),
+            self._never_raises(clock.fetch_end, "timing a batch fetch"),
+        )
+
+    def _never_raises(self, mark: Callable[[], None], what: str) -> Callable[[], None]:
+        """`mark` for code tuneup does not own (the trainer's methods, torch's hooks): a failure stops
+        recording and never reaches that code."""
+
+        def call() -> None:
+            if not self._disabled:
+                try:
+                    mark()
+                except Exception as exc:
+                    self._disable(f"{what} failed with {type(exc).__name__}: {exc}")
+
+        return call
 
     @property
     def _log_every(self) -> int:

@@ -142,12 +142,14 @@ class InstanceCatalog:
         return [r.qualified_key for r in self.rows]
 
     def with_gpu(self, name_part: str | None) -> InstanceCatalog:
-        """The rows whose GPU name contains `name_part` (any case), as a catalog of their own, so that
-        its length and `as_of_dates` describe those rows; the whole catalog when `name_part` is empty."""
+        """The rows whose GPU name holds every part of `name_part` as a whole part (parts are split at
+        "-" and spaces, any case: "A100" matches A100-SXM4-80GB, "L4" does not match L40S nor "A10"
+        A100), as a catalog of their own, so that its length and `as_of_dates` describe those rows; the
+        whole catalog when `name_part` is empty. A substring match would take one GPU for another."""
         if not name_part:
             return self
-        wanted = name_part.lower()
-        return replace(self, rows=tuple(r for r in self.rows if wanted in r.gpu.lower()))
+        wanted = set(_name_parts(name_part))
+        return replace(self, rows=tuple(r for r in self.rows if wanted <= set(_name_parts(r.gpu))))
 
     def as_of_dates(self) -> PriceDates:
         dated = sorted(r.as_of_date for r in self.rows if r.as_of_date)
@@ -391,3 +393,7 @@ def _packaged_version() -> str:
 
 
 CATALOG_VERSION: str = _packaged_version()
+
+
+def _name_parts(name: str) -> list[str]:
+    return [part for part in name.lower().replace("-", " ").split() if part]
