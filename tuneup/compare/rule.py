@@ -158,6 +158,10 @@ def _p_text(p: float, alpha: float) -> str:
     """p with as few digits as keep its side of alpha visible (0.0496 must not print as 0.05 < 0.05)."""
     if p == 0.0:
         return "p = 0"
+    if p < 0.001 < alpha:
+        # Below a thousandth the digits say nothing more, and an exponent ("4.3e-07") reads as a different
+        # number format from every other figure of compare's output.
+        return "p < 0.001"
     for digits in range(2, 8):
         text = f"{p:.{digits}g}"
         if (float(text) < alpha) == (p < alpha):
@@ -305,7 +309,9 @@ def decide(
     if significant and min(base) == max(base) and min(cand) == max(cand):
         evidence = "p = 0: neither side varies"  # the degenerate test (see `welch`), said plainly
     else:
-        evidence = f"{_p_text(p_direction, rule.alpha)} {'<' if significant else '>='} {alpha}"
+        p_text = _p_text(p_direction, rule.alpha)
+        # "p < 0.001" already says its side of alpha; an exact p says it against alpha.
+        evidence = p_text if p_text.startswith("p <") else f"{p_text} {'<' if significant else '>='} {alpha}"
     if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         reason = f"{seen} ({evidence}), beyond {beyond}"
     elif verdict is Verdict.INCONCLUSIVE:
