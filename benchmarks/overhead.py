@@ -73,6 +73,15 @@ GOALS_PERCENT = {2.0: 3.0, 10.0: 1.0}
 BASELINE = "lightning"
 TUNEUP = "tuneup"
 MONITORS = "monitors"
+THROUGHPUT_MONITOR = "throughput"  # Lightning's ThroughputMonitor alone, a reference
+# Arms that turn one of tuneup's default options off, to find where its cost is (--arms).
+TUNEUP_VARIANTS: dict[str, dict[str, Any]] = {
+    "tu-noflops": {"count_flops": False},
+    "tu-notelem": {"telemetry_interval_s": 1e6},
+    "tu-nolog": {"log_to_trainer": False},
+    "tu-bare": {"count_flops": False, "telemetry_interval_s": 1e6, "log_to_trainer": False},
+}
+EXTRA_ARMS = (THROUGHPUT_MONITOR, *TUNEUP_VARIANTS)
 
 
 # -- workload ----------------------------------------------------------------------------------------
@@ -240,6 +249,10 @@ def arm_callbacks(arm: str, run_dir: Path) -> tuple[list[Any], Any]:
         return [], False
     if arm == TUNEUP:
         return [TuneupCallback(dirpath=run_dir)], False
+    if arm in TUNEUP_VARIANTS:
+        return [TuneupCallback(dirpath=run_dir, **TUNEUP_VARIANTS[arm])], False
+    if arm == THROUGHPUT_MONITOR:
+        return [ThroughputMonitor(batch_size_fn=lambda b: b[0].shape[0])], DummyLogger()
     if arm == MONITORS:
         # DeviceStatsMonitor refuses a Trainer without a logger; a logger that drops everything keeps the
         # arm about the monitors themselves, not about a logger's I/O.
@@ -261,7 +274,7 @@ def fit_once(
 ) -> FitResult:
     start = time.perf_counter()
     callbacks, logger = arm_callbacks(arm, run_dir)
-    hook_clock = HookClock(callbacks[0]) if arm == TUNEUP else None
+    hook_clock = HookClock(callbacks[0]) if arm == TUNEUP or arm in TUNEUP_VARIANTS else None
     timer = StepTimer(arm, baton, hook_clock)
     torch.manual_seed(0)
     model = MLP(width)
@@ -575,11 +588,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="3 repeats and fewer steps: a smoke run")
     p.add_argument("--json", metavar="PATH", help="also write every measurement to PATH as JSON")
     p.add_argument("--skip-reference", action="store_true", help="leave out the Lightning monitors arm")
+    p.add_argument(
+        "--arms",
+        default="",
+        help=f"more arms, comma-separated, from: {', '.join(EXTRA_ARMS)} (tu-*: tuneup with one default "
+        "option off, to find where its cost is; throughput: ThroughputMonitor alone)",
+    )
+    p.add_argument("--sizes", default="2,10", help="step sizes in ms to measure, of 2 and 10 (default: both)")
     args = p.parse_args(argv)
+    extra = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in extra if a not in EXTRA_ARMS]
+    if unknown:
+        p.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(EXTRA_ARMS)}")
+    wanted_ms = {float(x) for x in args.sizes.split(",") if x}
     if args.repeats < 2:
         p.error("--repeats must be at least 2")
     repeats = 3 if args.quick else args.repeats
     sizes = [StepSize(2.0, 500 if args.quick else 1000), StepSize(10.0, 300 if args.quick else 500)]
+    sizes = [size for size in sizes if size.target_ms in wanted_ms]
+    if not sizes:
+        p.error("--sizes must name 2, 10 or both")
 
     quiet_lightning()
     # One intra-op thread: the second core is left to tuneup's sampler thread and the OS, as on a node
@@ -603,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"batch {BATCH}: bare step {size.plain_ms:.3f} ms"
             )
 
-        arms = [BASELINE, TUNEUP]
+        arms = [BASELINE, TUNEUP, *extra]
         skipped = None
         if not args.skip_reference:
             skipped = monitors_run_on_cpu(batches, tmp)
