@@ -200,3 +200,15 @@ def test_a_failing_mark_inside_the_trainers_methods_stops_recording_not_training
     assert trainer.global_step == 6  # training went on to the end
     assert "a trainer mark failed with RuntimeError: clock broke" in caplog.text
     assert trainer.strategy.__dict__.get("barrier") is None  # the wrappers were taken off at the end
+
+
+def test_a_record_without_the_fits_times_says_they_are_unknown_not_absent(tmp_path: Path) -> None:
+    from tuneup.report import write_report
+
+    from synthetic import make_run
+
+    run = make_run(tmp_path / "run", steps=30)  # written as before the fit's times were recorded
+    write_report(run, tmp_path / "out", formats="md")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "recorded before tuneup kept the fit's own times" in markdown
+    assert "Not in this fit" not in markdown

@@ -115,10 +115,10 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
             total=True,
         )
     )
-    absent = [LABELS.get(p.name, text(p.name)).lower() for p in tl.parts if p not in happened]
-    if absent:
-        out.append(Paragraph(f"Not in this fit: {', '.join(absent)}.", True))
     main = tl.per_rank[0] if tl.per_rank else None
+    absent = [LABELS.get(p.name, text(p.name)).lower() for p in tl.parts if p not in happened]
+    if absent and (main is None or main.times_recorded):  # an older record does not know: said below
+        out.append(Paragraph(f"Not in this fit: {', '.join(absent)}.", True))
     if main is not None and not main.times_recorded:
         out.append(
             Paragraph(
