@@ -16,6 +16,13 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def number(value: object) -> float | None:
+    """A JSON value as a figure: a finite int or float (not a bool) as a float, anything else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return finite(float(value))
+
+
 def finite(value: float | None) -> float | None:
     """`value` as a figure: None (not measured) for None, and for NaN or infinity (a rate over a duration
     too small to divide by). The analysis keeps full precision; report.json rounds at the edge."""

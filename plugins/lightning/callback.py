@@ -413,9 +413,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._clock = StepClock(
             timer, self._on_step_resolved, max_pending=self.policy.flush_every_steps + self.max_lag_steps
         )
-        # The training loop starts when this hook is done: tuneup's own start-up (the manifest, the
-        # environment's capture, the sampler) is part of the setup, and said so.
-        self._fit_times["tuneup_start_s"] = 0.0
+        # The training loop starts when this hook is done (set at its end): tuneup's own start-up (the
+        # manifest, the environment's capture, the sampler) is part of the setup, and said so. Until then,
+        # for a record that is never closed, the loop starts here.
         self._fit_times["train_start_unix"] = started
         self._writer.open(self._rank_info(trainer, timer.kind))
         for kind, fields in self._pending_events:
@@ -484,12 +484,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             return
         if self._clock is not None:
             self._clock.exclude_end()
-        self._add_event(
-            "checkpoint",
-            step=self._steps_done,
-            t_start=round(started, 3),
-            duration_ms=round((time.time() - started) * 1000.0, 3),
-        )
+        self._add_timed_event("checkpoint", started, step=self._steps_done)
+
+    def _add_timed_event(self, kind: str, started_unix: float, **fields: Any) -> None:
+        """An event that began at `started_unix` and ends now: its start and duration, for the timeline."""
+        duration_ms = (time.time() - started_unix) * 1000.0
+        self._add_event(kind, t_start=round(started_unix, 3), duration_ms=round(duration_ms, 3), **fields)
 
     def _add_event(self, kind: str, **fields: Any) -> None:
         """An event now, or at on_train_start if the record is not open yet (setup, sanity check)."""
@@ -777,8 +777,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
         started, self._sanity_started = self._sanity_started, None
         if started is not None:
-            duration_ms = (time.time() - started) * 1000.0
-            self._add_event("sanity_check", t_start=round(started, 3), duration_ms=round(duration_ms, 3))
+            self._add_timed_event("sanity_check", started)
 
     @_guarded
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
@@ -795,12 +794,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._clock.exclude_end()
         if self._comm is not None:
             self._comm.take()  # collectives of the validation's forward passes are no step's
-        self._add_event(
-            "validation",
-            step=self._steps_done,
-            t_start=round(started, 3),
-            duration_ms=round((time.time() - started) * 1000.0, 3),
-        )
+        self._add_timed_event("validation", started, step=self._steps_done)
 
     @_guarded
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:

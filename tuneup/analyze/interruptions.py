@@ -18,6 +18,7 @@ import statistics
 from tuneup._stats import finite
 from tuneup.analyze.model import Interruptions, Segment
 from tuneup.analyze.steady import steady_steps
+from tuneup.analyze.timeline import timed_events
 from tuneup.record.schema import Run
 
 # Without an observed interruption the interval is shown for this MTBF, as an example only.
@@ -37,14 +38,7 @@ def _timed_saves_s(segments: list[Run]) -> list[float]:
     slowest rank's, since the ranks wait for each other at the save's barrier."""
     saves: list[float] = []
     for run in segments:
-        per_rank = [
-            [
-                e["duration_ms"] / 1000.0
-                for e in rec.events
-                if e.get("kind") == "checkpoint" and isinstance(e.get("duration_ms"), (int, float))
-            ]
-            for rec in run.ranks.values()
-        ]
+        per_rank = [[seconds for _, seconds in timed_events(rec, "checkpoint")] for rec in run.ranks.values()]
         if per_rank and per_rank[0]:
             # The n-th save of every rank is one save; a rank whose record lost some ends the pairing.
             saves.extend(max(times) for times in zip(*per_rank, strict=False))

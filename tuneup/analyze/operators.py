@@ -8,11 +8,11 @@ many), and with more than one rank its spread over them shows a rank that spends
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuneup._stats import number
 from tuneup.analyze.model import OperatorProfile, OperatorTime, PhaseOperators
 from tuneup.record.schema import PHASES, Run, rank_dir_name
 
@@ -27,15 +27,9 @@ DEFAULT_NOTE = (
 )
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def _non_negative(value: Any) -> float | None:
-    number = _number(value)
-    return number if number is not None and number >= 0 else None
+    figure = number(value)
+    return figure if figure is not None and figure >= 0 else None
 
 
 @dataclass(slots=True)
@@ -233,7 +227,7 @@ def operators_section(
     names += sorted({n for p in profiles for n in p.phases} - set(names))
     steady = steady_phase_ms or {}
     phases = [
-        ph for n in names if (ph := _phase(n, profiles, step_ms, _number(steady.get(n)), top)) is not None
+        ph for n in names if (ph := _phase(n, profiles, step_ms, number(steady.get(n)), top)) is not None
     ]
     writes = [p.write_s for p in profiles if p.write_s is not None]
     return OperatorProfile(
@@ -241,7 +235,7 @@ def operators_section(
         steps=profiles[0].steps,
         device=next((p.device for p in profiles if p.device), None),
         step_ms=step_ms,
-        steady_step_ms=_number(steady_step_ms),
+        steady_step_ms=number(steady_step_ms),
         phases=phases,
         traces=[f"{rank_dir_name(p.rank)}/{p.trace}" for p in profiles if p.trace],
         note=profiles[0].note or DEFAULT_NOTE,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneup._stats import finite
+from tuneup._stats import finite, number
 from tuneup.analyze.model import RankTimeline, Timeline, TimelineInterval, TimelinePart
 from tuneup.record.schema import RankRecord, Run
 
@@ -25,8 +25,7 @@ ENDED_REASONS = frozenset(
 
 
 def _num(raw: dict[str, Any], key: str) -> float | None:
-    value = raw.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return number(raw.get(key))
 
 
 def training_steps_s(rec: RankRecord) -> tuple[float, int]:
@@ -43,7 +42,7 @@ def training_steps_s(rec: RankRecord) -> tuple[float, int]:
     return total_ms / 1000.0, count
 
 
-def _events(rec: RankRecord, kind: str) -> list[tuple[float | None, float]]:
+def timed_events(rec: RankRecord, kind: str) -> list[tuple[float | None, float]]:
     """(start in unix seconds or None, duration in seconds) of each event of `kind` that has a duration."""
     out = []
     for event in rec.events:
@@ -89,9 +88,9 @@ def rank_timeline(rec: RankRecord) -> RankTimeline:
     wall = end - start if start is not None and end is not None and end >= start else None
     train_start = _num(raw, "train_start_unix") or rec.info.start_unix
     train_end = _num(raw, "train_end_unix")
-    sanity = _events(rec, "sanity_check")
-    validation = _events(rec, "validation")
-    saves = _events(rec, "checkpoint")
+    sanity = timed_events(rec, "sanity_check")
+    validation = timed_events(rec, "validation")
+    saves = timed_events(rec, "checkpoint")
     steps_s, steps = training_steps_s(rec)
     sanity_s = sum(d for _, d in sanity)
     # Setup: everything before the training loop but the sanity check (the strategy's setup before it,

@@ -125,6 +125,12 @@ def optimizer_steps_per_step(run: Run) -> float:
     return max(ratios) if ratios else 1.0
 
 
+def _loop_factor(fit: Timeline | None) -> float:
+    """Seconds of the fit per second of training steps: 1 plus the validation, saves and fit-loop time
+    each step brought along in this run (1 where the run recorded no timeline)."""
+    return 1.0 + ((fit.loop_overhead_share or 0.0) if fit is not None else 0.0)
+
+
 def _projections(
     throughput: Throughput,
     last_step: int | None,
@@ -136,8 +142,7 @@ def _projections(
     """Time and money to reach the run's end (max_steps or max_epochs) or the user's targets, at the
     steady step rate plus the validation, saves and fit-loop time each step brings along. A run that has
     ended has nothing to go: only the user's targets are projected, from step 0."""
-    overhead = 1.0 + (fit.loop_overhead_share or 0.0) if fit is not None else 1.0
-    steps_per_s = throughput.steps_per_s / overhead if throughput.steps_per_s else None
+    steps_per_s = throughput.steps_per_s / _loop_factor(fit) if throughput.steps_per_s else None
     ended = fit is not None and fit.ended
     done = 0 if ended else (last_step + 1) if isinstance(last_step, int) else 0
     t = run.manifest.trainer
@@ -189,8 +194,7 @@ def _epoch_s(throughput: Throughput, epoch_steps: float | None, fit: Timeline | 
     steps_per_s = throughput.steps_per_s
     if not epoch_steps or not steps_per_s:
         return None
-    overhead = (fit.loop_overhead_share or 0.0) if fit is not None else 0.0
-    return epoch_steps / steps_per_s * (1.0 + overhead)
+    return epoch_steps / steps_per_s * _loop_factor(fit)
 
 
 def _money(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuneup._stats import number
 from tuneup.analyze.model import RunAnalysis
 
 if TYPE_CHECKING:
@@ -112,10 +113,7 @@ class Plot:
 
 
 def num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    f = float(value)
-    return f if math.isfinite(f) else None
+    return number(value)
 
 
 def _as_list(value: Any) -> list[Any]:
