@@ -15,7 +15,7 @@ import tuneup
 from tuneup import TuneupCallback, load_run
 from tuneup.plugins.lightning import TuneupCallback as PluginCallback
 
-from workloads.tiny import make_loader, make_module, make_trainer
+from workloads.tiny import lightning_namespace, make_loader, make_module, make_trainer
 
 NAMESPACES = ["lightning", "pytorch_lightning"]
 
@@ -116,6 +116,34 @@ def test_slow_dataloader_is_attributed_to_data_wait(tmp_path: Path) -> None:
     forward = statistics.median(s.forward_ms for s in steps)
     assert 40 <= data <= 40 + 25, data
     assert forward < 20, forward
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_data_is_the_fetch_alone_and_the_users_profiler_still_sees_it(namespace: str, tmp_path: Path) -> None:
+    pl = lightning_namespace(namespace)
+
+    class SlowBetweenBatches(pl.Callback):  # after tuneup's batch end: the gap, but no data loading
+        def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+            import time
+
+            time.sleep(0.03)
+
+    profiler = pl.profilers.SimpleProfiler()
+    cb = TuneupCallback(dirpath=tmp_path / "run", telemetry_interval_s=0.5)
+    trainer = make_trainer(
+        namespace, [cb, SlowBetweenBatches()], max_steps=8, root=str(tmp_path), profiler=profiler
+    )
+    trainer.fit(make_module(namespace), make_loader(slow_data_ms=40))
+    run = load_run(cb.run_dir)
+    assert run.ranks[0].info.raw["data_timing"] == "fetch"
+    steps = run.steps(0)[2:]
+    assert 40 <= statistics.median(s.data_ms for s in steps) <= 40 + 25
+    assert statistics.median(s.other_ms for s in steps) >= 30
+    # The fetch is still the user's profiler's to time, and nothing of tuneup's is left on the trainer.
+    assert len(profiler.recorded_durations["[_TrainingEpochLoop].train_dataloader_next"]) >= 8
+    for obj in (trainer.profiler, trainer.fit_loop.epoch_loop, trainer.strategy):
+        left = {"start", "stop", "_on_before_fetch", "_on_after_fetch", "batch_to_device"} & set(vars(obj))
+        assert not left, (obj, left)
 
 
 def test_slow_training_step_is_attributed_to_forward(tmp_path: Path) -> None:

@@ -36,7 +36,6 @@ from tuneup.collect.environment import redact_value
 from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
 from tuneup.cost.pricing import PriceChoice, check_choice, choice_from_env
-from tuneup.plugins.lightning.fetch_tap import FetchTap, fetch_actions
 from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, stop_reason, trainer_config
 from tuneup.plugins.lightning.run_dir_handoff import RunDirHandoff
 from tuneup.plugins.lightning.trainer_taps import TrainerTaps
@@ -244,7 +243,6 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._writer: RankWriter | None = None
         self._clock: StepClock | None = None
         self._sampler: Any = None
-        self._fetch_tap: FetchTap | None = None
         self._disabled = False
         self._closed = False
         self._trainer: Any = None
@@ -424,7 +422,6 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if self._rank == 0:
             self._write_manifest(trainer, pl_module)
         self._start_sampler(trainer)
-        self._tap_fetches(trainer)
         self._wire_ddp_hook(trainer)
         if self.count_flops and _is_compiled(pl_module):
             # A dispatch mode around a compiled module can make it recompile or fail inside the user's
@@ -469,6 +466,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             on_save_start=self._save_started,
             on_save_end=self._save_ended,
             on_optimizer_step_end=clock.after_optimizer,
+            on_fetch_start=clock.fetch_start,
+            on_fetch_end=clock.fetch_end,
         )
         self._taps.install(trainer)
 
@@ -558,21 +557,6 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         warn_once(
             f"disabled:{id(self)}",
             f"writing step records failed with {type(exc).__name__}: {exc}; tuneup stops recording, training goes on",
-        )
-
-    def _tap_fetches(self, trainer: Any) -> None:
-        clock = self._clock
-        profiler = getattr(trainer, "profiler", None)
-        if clock is None or profiler is None:
-            return
-
-        actions = fetch_actions(type(trainer.strategy).__name__)
-        # Runs inside Lightning's data fetching: it must never raise into it.
-        self._fetch_tap = FetchTap(
-            profiler,
-            actions,
-            self._never_raises(clock.fetch_start, "timing a batch fetch"),
-            self._never_raises(clock.fetch_end, "timing a batch fetch"),
         )
 
     def _never_raises(self, mark: Callable[[], None], what: str) -> Callable[[], None]:
@@ -917,9 +901,6 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             if self._comm is not None:
                 self._comm.uninstall()
                 self._record_ddp_logging()
-            if self._fetch_tap is not None:
-                self._fetch_tap.remove()
-                self._fetch_tap = None
             if self._sampler is not None:
                 self._sampler.stop()
             data_timing = "fetch" if self._clock is not None and self._clock.fetch_marks_seen else "gap"

@@ -8,6 +8,11 @@
   that is faster than the others waits in them; untimed, that wait was "other".
 - Checkpoint saves: `trainer.save_checkpoint`, which ModelCheckpoint and users call. `on_save_checkpoint`
   fires before the file is written, so it cannot time the save.
+- The input pipeline: the training epoch loop's `_on_before_fetch`/`_on_after_fetch` (Lightning >= 2.0
+  hands them to its data fetcher around every fetch) and `strategy.batch_to_device` (the copy to the
+  device). Why not the profiler calls Lightning makes for the same two actions: the profiler is called
+  for every hook of every callback, about 30 times a step, and a Python wrapper on it cost more than
+  all of tuneup's hooks together (30 us a step at ~2 ms steps). These wrappers run twice a step each.
 
 Wrappers are instance attributes (the class is untouched, other trainers are not affected) and are
 removed at the end of the fit. A wrapper never lets tuneup's own failure reach the trainer: the marks are
@@ -22,6 +27,12 @@ from typing import Any
 
 # Strategy methods that are collectives the trainer issues between batches (and at epoch ends).
 STRATEGY_SYNC_METHODS = ("barrier", "broadcast", "reduce_boolean_decision")
+# The training epoch loop's calls around each batch fetch (the data fetcher's `_start_profiler`/`_stop_profiler`).
+FETCH_START_METHOD, FETCH_END_METHOD = "_on_before_fetch", "_on_after_fetch"
+
+
+def _nothing() -> None:
+    return None
 
 
 class TrainerTaps:
@@ -35,7 +46,10 @@ class TrainerTaps:
         on_save_start: Callable[[], None],
         on_save_end: Callable[[], None],
         on_optimizer_step_end: Callable[[], None],
+        on_fetch_start: Callable[[], None],
+        on_fetch_end: Callable[[], None],
     ) -> None:
+        self._fetch = (guard(on_fetch_start), guard(on_fetch_end))
         self._sync = (guard(on_sync_start), guard(on_sync_end))
         self._save = (guard(on_save_start), guard(on_save_end))
         self._step_end = guard(on_optimizer_step_end)
@@ -43,6 +57,9 @@ class TrainerTaps:
         self._handles: list[Any] = []
         self.optimizers_hooked = 0
         self.sigterm_broadcast_tapped = False
+        # False where this Lightning has no such methods: the step clock then counts the whole gap between
+        # batches as data (and the run's info says so).
+        self.fetches_tapped = False
 
     def install(self, trainer: Any) -> None:
         strategy = getattr(trainer, "strategy", None)
@@ -51,12 +68,28 @@ class TrainerTaps:
         epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
         self.sigterm_broadcast_tapped = self._wrap(epoch_loop, "_broadcast_sigterm_tensor", *self._sync)
         self._wrap(trainer, "save_checkpoint", *self._save)
+        self.fetches_tapped = self._tap_fetches(epoch_loop, strategy, *self._fetch)
         step_end = self._step_end
         for optimizer in getattr(trainer, "optimizers", None) or []:
             register = getattr(optimizer, "register_step_post_hook", None)
             if register is not None:
                 self._handles.append(register(lambda *_: step_end()))
                 self.optimizers_hooked += 1
+
+    def _tap_fetches(
+        self, epoch_loop: Any, strategy: Any, start: Callable[[], None], end: Callable[[], None]
+    ) -> bool:
+        found = all(
+            callable(getattr(epoch_loop, name, None)) for name in (FETCH_START_METHOD, FETCH_END_METHOD)
+        )
+        if not found or not callable(getattr(strategy, "batch_to_device", None)):
+            return False
+        # The fetch's start mark comes before the loop's own call, its end after: the profiler's action
+        # (if the user has one) stays inside the timed interval, as it always was.
+        self._wrap(epoch_loop, FETCH_START_METHOD, start, _nothing)
+        self._wrap(epoch_loop, FETCH_END_METHOD, _nothing, end)
+        self._wrap(strategy, "batch_to_device", start, end)
+        return True
 
     def _wrap(self, obj: Any, name: str, before: Callable[[], None], after: Callable[[], None]) -> bool:
         original = getattr(obj, name, None) if obj is not None else None
