@@ -239,10 +239,14 @@ def test_drainer_run_now_works_on_the_callers_thread_one_at_a_time() -> None:
     import time
 
     from tuneup.collect.drainer import Drainer
+    from tuneup.collect.gil import GilPacer
 
     inside, overlaps, threads, errors = [0], [0], [], []
 
-    def work() -> None:
+    pauses: list[str] = []
+
+    def work(pause: Any) -> None:
+        pauses.append(type(pause).__name__ if isinstance(pause, GilPacer) else pause.__name__)
         inside[0] += 1
         overlaps[0] = max(overlaps[0], inside[0])
         threads.append(threading.current_thread().name)
@@ -256,9 +260,11 @@ def test_drainer_run_now_works_on_the_callers_thread_one_at_a_time() -> None:
     assert drainer.stop()
     assert overlaps[0] == 1  # never two at once, though the thread woke every millisecond
     assert threading.current_thread().name in threads and "tuneup-writer" in threads
+    # Its own thread pauses to give the GIL back; the training thread, running it now, does not.
+    assert {"GilPacer", "no_pause"} == set(pauses)
     assert errors == []
 
-    def broken() -> None:
+    def broken(pause: Any) -> None:
         raise OSError("disk full")
 
     failing = Drainer(broken, interval_s=60, on_error=errors.append)

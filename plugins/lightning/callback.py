@@ -84,7 +84,7 @@ def _guarded(hook: F) -> F:
         try:
             return hook(self, *args, **kwargs)
         except Exception as exc:
-            self._disable(f"{hook.__name__} failed with {type(exc).__name__}: {exc}")
+            self._hook_failed(hook.__name__, exc)
             return None
 
     return wrapper  # type: ignore[return-value]
@@ -258,6 +258,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._sanity_started: float | None = None
         self._saving_since: float | None = None
         self._device: Any = None
+        self._on_cuda = False
         self._validation_started: float | None = None
         self._automatic_optimization = True
         self._last_gpu_util: float | None = None
@@ -282,6 +283,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._run_dir = value
 
     # -- failure handling --------------------------------------------------------------------------
+
+    def _hook_failed(self, hook: str, exc: Exception) -> None:
+        self._disable(f"{hook} failed with {type(exc).__name__}: {exc}")
 
     def _disable(self, reason: str) -> None:
         self._disabled = True
@@ -401,6 +405,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if self._writer is None:
             return
         self._device = getattr(pl_module, "device", None)
+        self._on_cuda = getattr(self._device, "type", None) == "cuda"
         self._automatic_optimization = bool(getattr(pl_module, "automatic_optimization", True))
         self._seen_global_step = int(trainer.global_step)
         self._steps_done = _training_steps_done(trainer, self._automatic_optimization)
@@ -430,8 +435,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             info_once(
                 "flops-compiled", "FLOPs are not counted for a torch.compile'd model; pass flops_per_sample="
             )
+        clock = self._clock
         self._drainer = Drainer(
-            self._clock.drain,
+            lambda pause: clock.drain(pause=pause),
             interval_s=self.policy.flush_every_s,
             on_error=self._drainer_failed,
             thread_init=_cuda_thread_init(self._device),
@@ -459,8 +465,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         assert clock is not None
 
         self._taps = TrainerTaps(
-            # Runs inside the trainer's methods and torch's optimizer step: it must never raise into them.
-            lambda mark: self._never_raises(mark, "a trainer mark"),
+            # Runs inside the trainer's methods and torch's optimizer step: a failure stops recording and
+            # never reaches them.
+            self._mark_failed,
             on_sync_start=clock.sync_start,
             on_sync_end=clock.sync_end,
             on_save_start=self._save_started,
@@ -559,18 +566,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             f"writing step records failed with {type(exc).__name__}: {exc}; tuneup stops recording, training goes on",
         )
 
-    def _never_raises(self, mark: Callable[[], None], what: str) -> Callable[[], None]:
-        """`mark` for code tuneup does not own (the trainer's methods, torch's hooks): a failure stops
-        recording and never reaches that code."""
-
-        def call() -> None:
-            if not self._disabled:
-                try:
-                    mark()
-                except Exception as exc:
-                    self._disable(f"{what} failed with {type(exc).__name__}: {exc}")
-
-        return call
+    def _mark_failed(self, exc: BaseException) -> None:
+        if not self._disabled:
+            self._disable(f"a trainer mark failed with {type(exc).__name__}: {exc}")
 
     @property
     def _log_every(self) -> int:
@@ -663,10 +661,18 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._restart_clock()
 
-    @_guarded
+    # The per-batch hooks guard themselves inline rather than through `_guarded`: its wrapper frame and
+    # argument packing cost, in caches the step has just emptied, as much as a mark (issue 13).
+
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self._clock is None:
-            return
+        if self._clock is not None and not self._disabled:
+            try:
+                self._batch_started(trainer, batch)
+            except Exception as exc:
+                self._hook_failed("on_train_batch_start", exc)
+
+    def _batch_started(self, trainer: Any, batch: Any) -> None:
+        assert self._clock is not None
         if self._first_batch:
             self._first_batch = False
             if not self._clock.pending and not self._clock.micro_batches:
@@ -680,31 +686,44 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._flops_batch = (samples, tokens, self._steps_done)
             self._flops.start()
 
-    @_guarded
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        if self._clock is not None:
-            self._clock.before_backward()
+        clock = self._clock
+        if clock is not None and not self._disabled:
+            try:
+                clock.before_backward()
+            except Exception as exc:
+                self._hook_failed("on_before_backward", exc)
 
-    @_guarded
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        if self._clock is not None:
-            self._clock.after_backward()
+        clock = self._clock
+        if clock is not None and not self._disabled:
+            try:
+                clock.after_backward()
+            except Exception as exc:
+                self._hook_failed("on_after_backward", exc)
 
-    @_guarded
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self._clock is None:
-            return
-        if self.grad_norm:
-            self._clock.grad_norm = _total_grad_norm(pl_module)
-        self._clock.before_optimizer()
+        clock = self._clock
+        if clock is not None and not self._disabled:
+            try:
+                if self.grad_norm:
+                    clock.grad_norm = _total_grad_norm(pl_module)
+                clock.before_optimizer()
+            except Exception as exc:
+                self._hook_failed("on_before_optimizer_step", exc)
 
-    @_guarded
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._clock is not None and not self._disabled:
+            try:
+                self._batch_ended(trainer, outputs)
+            except Exception as exc:
+                self._hook_failed("on_train_batch_end", exc)
+
+    def _batch_ended(self, trainer: Any, outputs: Any) -> None:
         clock = self._clock
-        if clock is None:
-            return
+        assert clock is not None
         if self._flops.counting:
             self._record_flops(trainer)
         clock.batch_end()
@@ -725,7 +744,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             clock.loss = clock.loss / clock.micro_batches
         step = self._steps_done
         self._steps_done += 1
-        if step % PEAK_MEMORY_EVERY_STEPS == 0 or self._peak_mem_bytes is None:
+        if self._on_cuda and (step % PEAK_MEMORY_EVERY_STEPS == 0 or self._peak_mem_bytes is None):
             self._peak_mem_bytes = _peak_memory_bytes(self._device)
         clock.close_step(
             step,

@@ -113,12 +113,18 @@ class BatchCounter:
     def samples(self, batch: Any) -> int | None:
         if self.batch_size_fn is not None:
             return self._call(self.batch_size_fn, batch, "batch_size_fn")
-        if self._size_path is not _UNKNOWN and self._size_path is not None:
+        path = self._size_path
+        if path is not _UNKNOWN and path is not None:
+            # Every micro-batch: the remembered path, one shape read, no type checks (a wrong guess
+            # raises, and the batch is searched again below).
             try:
-                tensor = _follow(batch, self._size_path)
-                if _is_tensor(tensor) and len(tensor.shape):
-                    return int(tensor.shape[0])
-            except (KeyError, IndexError, TypeError):
+                obj = batch
+                for key in path:
+                    obj = obj[key]
+                shape = obj.shape
+                if len(shape):
+                    return int(shape[0])
+            except (KeyError, IndexError, TypeError, AttributeError):
                 pass
         self._size_path = _size_path(batch)
         if self._size_path is None:

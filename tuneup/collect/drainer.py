@@ -2,7 +2,8 @@
 
 The training thread only takes marks and appends a closed step to a queue; reading the times, building
 records, aggregating windows, encoding JSON and writing files happen here. PyTorch releases the GIL
-while its operators run, so this work mostly overlaps the training step instead of lengthening it.
+while its operators run, so this work can overlap the training step instead of lengthening it, but only
+if it gives the GIL back often: `work` gets a `pause` to call between pieces (tuneup.collect.gil).
 """
 
 from __future__ import annotations
@@ -11,18 +12,21 @@ import threading
 from collections.abc import Callable
 
 from tuneup._log import warn_once
+from tuneup.collect.gil import GilPacer, no_pause
 
 
 class Drainer:
-    """Runs `work` when woken, or every `interval_s` seconds, until stopped.
+    """Runs `work(pause)` when woken, or every `interval_s` seconds, until stopped.
 
-    `work` must be safe to run while the training thread keeps appending steps. An exception in it is
-    reported once through `on_error` and ends the thread; it never reaches the training thread.
+    `work` must be safe to run while the training thread keeps appending steps, and should call `pause()`
+    between pieces of its work: on this thread it lets the training thread have the GIL; in `run_now`, on
+    the training thread, it does nothing. An exception in `work` is reported once through `on_error` and
+    ends the thread; it never reaches the training thread.
     """
 
     def __init__(
         self,
-        work: Callable[[], None],
+        work: Callable[[Callable[[], None]], None],
         interval_s: float,
         on_error: Callable[[BaseException], None],
         thread_init: Callable[[], None] | None = None,
@@ -48,7 +52,7 @@ class Drainer:
         that it was not scheduled), so that the steps a kill would lose stay bounded."""
         try:
             with self._working:
-                self._work()
+                self._work(no_pause)
         except Exception as exc:
             self._on_error(exc)
 
@@ -73,6 +77,6 @@ class Drainer:
                 if self._stopping:
                     return  # the caller does the last drain itself, after this thread has ended
                 with self._working:
-                    self._work()
+                    self._work(GilPacer())
         except BaseException as exc:
             self._on_error(exc)

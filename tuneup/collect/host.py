@@ -27,9 +27,11 @@ MIN_CPU_WINDOW_S = 0.05
 # (measured: 5 processes sharing 0.2, 2 and 8 GiB took 40, 160 and 490 ms a read, up to twice that on a
 # busy host; their RSS takes 0.06 ms). Read every second, a rank of 10 GiB with 8 forked workers (90 GiB
 # of RSS summed) would keep a core busy. So the next read waits until the last one is this share of the
-# time since it: a 40 ms read every 4 s, a 0.5 s read every 50 s. The read runs in the kernel with the GIL
-# released: the training thread does not wait for it.
-MEMORY_READ_MAX_SHARE = 0.01
+# time since it: a 10 ms read (0.8 GiB) every 4 s, a 0.5 s read every 200 s. The read runs in the kernel
+# with the GIL released, but on the core of another rank or the hyperthread beside this one, and it holds
+# the process's memory map (the training thread's mmap and munmap wait for it): a quarter of a percent,
+# not one percent as before, was what the overhead goal of a 10 ms step could afford (issue 13).
+MEMORY_READ_MAX_SHARE = 0.0025
 
 
 class ProcessTreeSensor:

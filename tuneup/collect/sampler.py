@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from tuneup._log import info_once, warn_once
+from tuneup.collect.gil import GilPacer
 from tuneup.collect.host import ProcessTreeSensor, SystemSensor
 from tuneup.collect.nvml import NvmlSensor, _load_nvml_with_reason, _shutdown
 
@@ -89,7 +90,11 @@ class TelemetrySampler:
     def _run(self) -> None:
         next_tick = time.monotonic()
         while True:
-            self._emit(self.sample_once())
+            # Between sensors the thread gives the GIL back: each is a few hundred us of Python (psutil
+            # parsing /proc), which the training thread would otherwise wait for (tuneup.collect.gil).
+            with self._lock:
+                sample = self._sample_locked(pause=GilPacer())
+            self._emit(sample)
             next_tick += self._interval_s
             now = time.monotonic()
             if next_tick < now:
@@ -104,10 +109,12 @@ class TelemetrySampler:
         with self._lock:
             return self._sample_locked()
 
-    def _sample_locked(self) -> dict[str, Any]:
+    def _sample_locked(self, pause: Callable[[], None] | None = None) -> dict[str, Any]:
         sample: dict[str, Any] = {"t": round(time.time(), 3)}
         broken: list[Sensor] = []
         for sensor in self._sensors:
+            if pause is not None and sample:
+                pause()
             try:
                 value = sensor.sample()
             except Exception as error:

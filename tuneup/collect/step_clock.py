@@ -63,6 +63,15 @@ _RESOLVED = {
     (_AFTER_OPTIMIZER, _M_AFTER_OPTIMIZER): OPTIMIZER,  # the same step's end seen twice
 }
 _DEFAULT = {_AFTER_BACKWARD: OTHER, _AFTER_OPTIMIZER: OTHER}
+# The same as a table, _SLOT_OF[state][mark kind] -> the slot the ending interval goes to (None: excluded),
+# because `_switch` runs a dozen times a step and a list index costs less than building a key.
+_SLOT_OF: tuple[tuple[int | None, ...], ...] = tuple(
+    tuple(
+        None if state == _EXCLUDED else _RESOLVED.get((state, kind), _DEFAULT.get(state, state))
+        for kind in range(_M_OTHER + 1)
+    )
+    for state in range(_EXCLUDED + 1)
+)
 # For a listener (the operator profiler), which must name a phase as it starts: an open state's likeliest
 # phase (after a backward usually comes the optimizer step; after a step, the next forward).
 _STATE_PHASE = {
@@ -144,7 +153,7 @@ class PendingStep:
     micro_batches: int
     start: Any
     end: Any
-    phase_s: list[float] | None  # host timer: seconds per phase (PHASE_NAMES order), already known
+    phase_s: list[float] | None  # host timer: seconds per phase (PHASE_NAMES order, then the gap), known
     intervals: dict[str, list[tuple[Any, Any]]] | None  # deferred timer: marks to read later
     samples: int | None
     tokens: int | None
@@ -153,6 +162,9 @@ class PendingStep:
     peak_mem_bytes: int | None
     checkpoint: bool
     comm: list[Any] | None = None  # PendingCollective of the step (tuneup.collect.comm)
+
+
+_PENDING_END = 5  # index of PendingStep.end in the tuples the clock queues
 
 
 def _to_float(value: Any) -> float | None:
@@ -177,7 +189,9 @@ class StepClock:
         self.on_resolved = on_resolved
         self.max_pending = max_pending
         self._immediate = bool(getattr(timer, "immediate", False))
-        self._pending: deque[PendingStep] = deque()
+        # The host timer's mark is perf_counter itself: one call less per mark.
+        self._mark: Callable[[], Any] = time.perf_counter if type(timer) is HostTimer else timer.mark
+        self._pending: deque[tuple[Any, ...]] = deque()  # PendingStep fields, in order
         self._unix0 = time.time()
         self._perf0 = time.perf_counter()
         self.fetch_marks_seen = False
@@ -208,12 +222,11 @@ class StepClock:
     def _switch(self, ending: int, state: int) -> Any:
         """Close the open interval (giving it to the phase its state and `ending` mark resolve to), start
         one in `state`; returns the mark taken."""
-        now = self.timer.mark()
+        now = self._mark()
         cursor = self._cursor
         if cursor is not None:
-            current = self._state
-            if current != _EXCLUDED:
-                slot = _RESOLVED.get((current, ending), _DEFAULT.get(current, current))
+            slot = _SLOT_OF[self._state][ending]
+            if slot is not None:
                 if self._intervals is None:
                     self._phase_s[slot] += now - cursor
                 else:
@@ -235,7 +248,7 @@ class StepClock:
     def restart(self) -> None:
         """The next gap starts now (epoch start): time before it belongs to no step. A step with batches
         already in it (validation in the middle of gradient accumulation) keeps them."""
-        self._cursor = self.timer.mark()
+        self._cursor = self._mark()
         self._state = _GAP
         self._suspended.clear()
         if not self.micro_batches:
@@ -323,15 +336,18 @@ class StepClock:
                 self._phase_s[gap_slot] += self._phase_s[_GAP]
             else:
                 self._intervals[gap_slot].extend(self._intervals[_GAP])
+            # A plain tuple, made a PendingStep in `drain`: this runs on the training thread every step, and
+            # a tuple is one allocation where the dataclass's __init__ is a Python call of 17 stores. The
+            # phase list is handed over whole (its gap slot is ignored): `_reset_step` starts a new one.
             self._pending.append(
-                PendingStep(
+                (
                     step,
                     epoch,
                     self._last_end if self._immediate else time.perf_counter(),
                     self.micro_batches,
                     self._step_start,
                     self._last_end,
-                    self._phase_s[:_GAP] if self._immediate else None,
+                    self._phase_s if self._immediate else None,
                     {name: self._intervals[i] for i, name in enumerate(PHASE_NAMES)}
                     if self._intervals is not None
                     else None,
@@ -349,21 +365,23 @@ class StepClock:
 
     # -- resolution --------------------------------------------------------------------------------
 
-    def drain(self, force: bool = False) -> None:
-        """Resolve every closed step whose marks have completed; wait only past `max_pending` steps."""
+    def drain(self, force: bool = False, pause: Callable[[], None] | None = None) -> None:
+        """Resolve every closed step whose marks have completed; wait only past `max_pending` steps.
+        `pause()` runs after each step (a background caller gives the GIL back there)."""
         while self._pending:
-            oldest = self._pending[0]
-            if not self.timer.ready(oldest.end):
+            end = self._pending[0][_PENDING_END]
+            if not self.timer.ready(end):
                 if not force and len(self._pending) <= self.max_pending:
                     return
-                self.timer.wait(oldest.end)
-            self._pending.popleft()
-            self.on_resolved(self._resolve(oldest))
+                self.timer.wait(end)
+            self.on_resolved(self._resolve(PendingStep(*self._pending.popleft())))
+            if pause is not None:
+                pause()
 
     def _resolve(self, p: PendingStep) -> dict[str, Any]:
         timer = self.timer
         if p.phase_s is not None:
-            phases_ms = [x * 1000.0 for x in p.phase_s]
+            phases_ms = [p.phase_s[i] * 1000.0 for i in range(len(PHASE_NAMES))]
         else:
             assert p.intervals is not None
             phases_ms = [sum(timer.elapsed_ms(a, b) for a, b in p.intervals[name]) for name in PHASE_NAMES]
