@@ -146,6 +146,14 @@ def test_data_is_the_fetch_alone_and_the_users_profiler_still_sees_it(namespace:
         assert not left, (obj, left)
 
 
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_each_step_carries_its_epoch(namespace: str, tmp_path: Path) -> None:
+    # 6 batches an epoch, 14 steps: epochs 0 and 1 whole, two steps of epoch 2.
+    cb = fit(namespace, tmp_path / "run", max_steps=14, loader=make_loader(n=48))
+    steps = load_run(cb.run_dir).steps(0)
+    assert [s.epoch for s in steps] == [0] * 6 + [1] * 6 + [2] * 2
+
+
 def test_slow_training_step_is_attributed_to_forward(tmp_path: Path) -> None:
     steps = load_run(fit("lightning", tmp_path / "run", max_steps=12, slow_step_ms=40).run_dir).steps(0)[2:]
     data = statistics.median(s.data_ms for s in steps)

@@ -259,6 +259,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._saving_since: float | None = None
         self._device: Any = None
         self._on_cuda = False
+        self._epoch = 0
+        self._flush_every_steps = self.policy.flush_every_steps
         self._validation_started: float | None = None
         self._automatic_optimization = True
         self._last_gpu_util: float | None = None
@@ -408,6 +410,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._on_cuda = getattr(self._device, "type", None) == "cuda"
         self._automatic_optimization = bool(getattr(pl_module, "automatic_optimization", True))
         self._seen_global_step = int(trainer.global_step)
+        self._epoch = int(trainer.current_epoch)
+        self._flush_every_steps = self.policy.flush_every_steps
         self._steps_done = _training_steps_done(trainer, self._automatic_optimization)
         self._first_batch = True
         started = time.time()
@@ -659,6 +663,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
 
     @_guarded
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._epoch = int(trainer.current_epoch)  # read once an epoch, not at every step's end
         self._restart_clock()
 
     # The per-batch hooks guard themselves inline rather than through `_guarded`: its wrapper frame and
@@ -724,7 +729,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def _batch_ended(self, trainer: Any, outputs: Any) -> None:
         clock = self._clock
         assert clock is not None
-        if self._flops.counting:
+        if self._flops_batch is not None:  # the first micro-batch: its FLOPs were being counted
             self._record_flops(trainer)
         clock.batch_end()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -748,16 +753,17 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._peak_mem_bytes = _peak_memory_bytes(self._device)
         clock.close_step(
             step,
-            trainer.current_epoch,
+            self._epoch,
             peak_mem_bytes=self._peak_mem_bytes,
             comm=self._comm.take() if self._comm is not None else None,
         )
         if self._profiler is not None:
             self._profiler.step_end(step)
         # Records are built and written on the drainer's thread (which also wakes every flush_every_s).
-        if clock.pending >= self.policy.flush_every_steps and self._drainer is not None:
+        pending = clock.pending
+        if pending >= self._flush_every_steps and self._drainer is not None:
             self._drainer.wake()
-            if clock.pending >= 2 * self.policy.flush_every_steps:
+            if pending >= 2 * self._flush_every_steps:
                 # The writer thread let a whole interval pass unwritten: write here rather than let a kill
                 # lose more than about two intervals.
                 self._drainer.run_now()
@@ -766,8 +772,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
 
     def _record_flops(self, trainer: Any) -> None:
         flops = self._flops.stop()
+        samples, tokens, step = self._flops_batch or (None, None, None)
+        self._flops_batch = None
         if flops and self._writer is not None:
-            samples, tokens, step = self._flops_batch or (None, None, None)
             self._writer.add_event("flops", flops=flops, samples=samples, tokens=tokens, step=step)
 
     # -- between steps -----------------------------------------------------------------------------
