@@ -10,7 +10,8 @@
   fires before the file is written, so it cannot time the save.
 - The input pipeline: the training epoch loop's `_on_before_fetch`/`_on_after_fetch` (Lightning >= 2.0
   hands them to its data fetcher around every fetch) and `strategy.batch_to_device` (the copy to the
-  device). Why not the profiler calls Lightning makes for the same two actions: the profiler is called
+  device, and the user's batch-transfer hooks; not on the CPU without such hooks, where it does nothing).
+  Why not the profiler calls Lightning makes for the same two actions: the profiler is called
   for every hook of every callback, about 30 times a step, and a Python wrapper on it cost more than
   all of tuneup's hooks together (30 us a step at ~2 ms steps). These wrappers run twice a step each.
 
@@ -36,6 +37,31 @@ FETCH_START_METHOD, FETCH_END_METHOD = "_on_before_fetch", "_on_after_fetch"
 
 def _nothing() -> None:
     return None
+
+
+# The hooks Lightning runs inside strategy.batch_to_device, on the LightningModule and the DataModule.
+_BATCH_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def _copies_or_prepares(trainer: Any, strategy: Any) -> bool:
+    """Whether `batch_to_device` does anything worth timing: a copy to an accelerator, or the user's own
+    batch-transfer hooks (augmentation on the batch, say), which are data preparation. On the CPU with
+    neither, it returns the batch as it is, and not wrapping it saves a wrapper and two marks a step."""
+    if getattr(getattr(strategy, "root_device", None), "type", "cpu") != "cpu":
+        return True
+    for owner in (getattr(trainer, "lightning_module", None), getattr(trainer, "datamodule", None)):
+        if owner is None:
+            continue
+        for name in _BATCH_TRANSFER_HOOKS:
+            mine = getattr(type(owner), name, None)
+            # The first class in the MRO that is Lightning's own defines the default.
+            base = next((k for k in type(owner).__mro__ if k.__module__.split(".")[0] in _LIGHTNING), None)
+            if base is not None and mine is not getattr(base, name, None):
+                return True
+    return False
+
+
+_LIGHTNING = ("lightning", "pytorch_lightning")
 
 
 class TrainerTaps:
@@ -72,7 +98,7 @@ class TrainerTaps:
         epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
         self.sigterm_broadcast_tapped = self._wrap(epoch_loop, "_broadcast_sigterm_tensor", *self._sync)
         self._wrap(trainer, "save_checkpoint", *self._save)
-        self.fetches_tapped = self._tap_fetches(epoch_loop, strategy, *self._fetch)
+        self.fetches_tapped = self._tap_fetches(trainer, epoch_loop, strategy, *self._fetch)
         step_end, on_error = self._step_end, self._on_error
 
         def after_step(*_: Any) -> None:
@@ -88,7 +114,7 @@ class TrainerTaps:
                 self.optimizers_hooked += 1
 
     def _tap_fetches(
-        self, epoch_loop: Any, strategy: Any, start: Callable[[], None], end: Callable[[], None]
+        self, trainer: Any, epoch_loop: Any, strategy: Any, start: Callable[[], None], end: Callable[[], None]
     ) -> bool:
         found = all(
             callable(getattr(epoch_loop, name, None)) for name in (FETCH_START_METHOD, FETCH_END_METHOD)
@@ -99,7 +125,8 @@ class TrainerTaps:
         # (if the user has one) stays inside the timed interval, as it always was.
         self._wrap(epoch_loop, FETCH_START_METHOD, start, _nothing)
         self._wrap(epoch_loop, FETCH_END_METHOD, _nothing, end)
-        self._wrap(strategy, "batch_to_device", start, end)
+        if _copies_or_prepares(trainer, strategy):
+            self._wrap(strategy, "batch_to_device", start, end)
         return True
 
     def _wrap(self, obj: Any, name: str, before: Callable[[], None], after: Callable[[], None]) -> bool:
