@@ -1,6 +1,6 @@
 """What timing every gradient collective costs: 2-process DDP on CPU, arms in lockstep in one launch.
 
-    python benchmarks/comm_overhead.py [--repeats 3] [--slices 60] [--width 1024] [--json PATH]
+    python benchmarks/comm_overhead.py [--repeats 5] [--slices 300] [--slice-steps 2] [--width 768] [--json PATH]
 
 Goal: the probe costs <= 1% at ~10 ms steps.
 
@@ -18,21 +18,25 @@ its own `DistributedDataParallel` over the one process group:
 
 Why lockstep in one launch: whole launches differ from each other by more than the 1% in question (an
 earlier version of this script, one launch per arm, gave +2% to +9% from one pair of launches to the
-next). Here the arms take turns every 10 steps (a slice), in an order that rotates every slice, so the
-machine's drift hits them alike, and both processes follow the same schedule (DDP synchronizes them at
-every step anyway).
+next). Here the arms take turns every 2 steps (a slice), each round in an order shuffled with a seed
+both processes share, so the machine's drift hits them alike and no arm always follows the same one
+(benchmarks/overhead.py explains both), and both processes follow the same schedule (DDP synchronizes
+them at every step anyway).
 
 A step is forward, backward (the all-reduces overlap it), the optimizer step, timed on rank 0 with
-`time.perf_counter`. Per arm, a repeat's figure is the median over slices of the slice's mean step time
-(the first 20% of slices are warm-up); paired = median over slices of (arm's slice / builtin's slice of
-the same round) - 1. Reported: medians over repeats, the paired figures' min and max over repeats.
+`time.perf_counter`. The first 20% of slices are warm-up. Per arm, `ms/step` is the median over repeats
+of the median slice. The comparisons (`paired`) are overhead.py's: per repeat, the trimmed mean of
+log(arm's slice / the reference arm's slice of the same round); over repeats, their mean with Student's
+t 95% interval.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import socket
 import statistics
 import sys
@@ -46,14 +50,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 # The same MLP and batch as the single-process benchmark (run from this directory, so it imports).
-from overhead import BATCH, IN_DIM, make_net
+from overhead import BATCH, IN_DIM, make_net, t95, trimmed_mean
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from tuneup.collect.comm import CommProbe, resolve_collectives
 
 ARMS = ("builtin", "python-hook", "probe", "probe-wrap")
-SLICE_STEPS = 10
 WARMUP_FRACTION = 0.2
 GOAL_PERCENT = 1.0
 
@@ -102,10 +105,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
         for repeat in range(args.repeats):
             slices: dict[str, list[float]] = {arm: [] for arm in ARMS}
             cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
+            rng = random.Random(repeat)  # the same on both ranks: they must step the same arm together
             for s in range(args.slices):
-                order = ARMS[s % len(ARMS) :] + ARMS[: s % len(ARMS)]
+                order = list(ARMS)
+                rng.shuffle(order)
                 for arm in order:
-                    times = [step(arm, s * SLICE_STEPS + k) for k in range(SLICE_STEPS)]
+                    times = [step(arm, s * args.slice_steps + k) for k in range(args.slice_steps)]
                     slices[arm].append(statistics.fmean(t[0] for t in times) * 1000.0)
                     cpu[arm].append(statistics.fmean(t[1] for t in times) * 1000.0)
             results.append({"wall": slices, "cpu": cpu})
@@ -126,30 +131,26 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
         dist.destroy_process_group()
 
 
+def paired(repeats: list[dict[str, list[float]]], arm: str, reference: str, skip: int) -> list[float]:
+    """Estimate and 95% interval of arm / reference - 1 from slices paired by round (see the docstring)."""
+    per_repeat = [
+        trimmed_mean([math.log(a / b) for a, b in zip(r[arm][skip:], r[reference][skip:], strict=True)])
+        for r in repeats
+    ]
+    mean = statistics.fmean(per_repeat)
+    half = t95(len(per_repeat) - 1) * statistics.stdev(per_repeat) / math.sqrt(len(per_repeat))
+    return [math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half)]
+
+
 def summarize_measure(repeats: list[dict[str, list[float]]], slices: int) -> dict[str, Any]:
     """Medians over repeats of each arm's median slice, and paired ratios against builtin and python-hook."""
     skip = int(slices * WARMUP_FRACTION)
-    per_arm: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    paired: dict[str, list[float]] = {arm: [] for arm in ARMS[1:]}
-    vs_hook: dict[str, list[float]] = {arm: [] for arm in ARMS[2:]}
-    for by_arm in repeats:
-        kept = {arm: v[skip:] for arm, v in by_arm.items()}
-        for arm in ARMS:
-            per_arm[arm].append(statistics.median(kept[arm]))
-        for arm in ARMS[1:]:
-            paired[arm].append(
-                statistics.median(a / b - 1 for a, b in zip(kept[arm], kept["builtin"], strict=True))
-            )
-        for arm in ARMS[2:]:
-            vs_hook[arm].append(
-                statistics.median(a / b - 1 for a, b in zip(kept[arm], kept["python-hook"], strict=True))
-            )
-    medians = {arm: statistics.median(v) for arm, v in per_arm.items()}
+    medians = {arm: statistics.median(statistics.median(r[arm][skip:]) for r in repeats) for arm in ARMS}
     return {
         "step_ms": medians,
         "vs_builtin": {arm: medians[arm] / medians["builtin"] - 1 for arm in ARMS[1:]},
-        "paired_vs_builtin": {arm: [statistics.median(v), min(v), max(v)] for arm, v in paired.items()},
-        "paired_vs_python_hook": {arm: [statistics.median(v), min(v), max(v)] for arm, v in vs_hook.items()},
+        "paired_vs_builtin": {arm: paired(repeats, arm, "builtin", skip) for arm in ARMS[1:]},
+        "paired_vs_python_hook": {arm: paired(repeats, arm, "python-hook", skip) for arm in ARMS[2:]},
     }
 
 
@@ -161,8 +162,11 @@ def free_port() -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--slices", type=int, default=60, help="rounds of 10 steps per arm, per repeat")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--slices", type=int, default=300, help="rounds per repeat (each arm runs one slice a round)"
+    )
+    p.add_argument("--slice-steps", type=int, default=2, help="steps per slice (default 2)")
     p.add_argument("--width", type=int, default=768, help="MLP width; 768 gives ~10-12 ms steps on 2 cores")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
@@ -181,14 +185,14 @@ def main() -> None:
     print(
         f"\n2-process DDP (gloo, CPU), MLP {IN_DIM}-{args.width}-{args.width}-1, batch {BATCH}, "
         f"{summary['collectives_per_step']:.0f} buckets/step, {args.repeats} repeats x {args.slices} slices "
-        f"x {SLICE_STEPS} steps per arm, lockstep. wall: rank 0's step time; cpu: its process's CPU time "
+        f"x {args.slice_steps} steps per arm, lockstep. wall: rank 0's step time; cpu: its process's CPU time "
         "per step, all threads"
     )
     for measure in ("wall", "cpu"):
         m = summary[measure]
         print(
-            f"  {measure:<5}{'arm':<12} {'ms/step':>8} {'vs builtin':>11} {'paired':>8} {'[min, max]':>18}"
-            f" {'vs python-hook':>15} {'[min, max]':>18}"
+            f"  {measure:<5}{'arm':<12} {'ms/step':>8} {'vs builtin':>11} {'paired':>8} {'95% CI':>18}"
+            f" {'vs python-hook':>15} {'95% CI':>18}"
         )
         for arm in ARMS:
             line = f"       {arm:<12} {m['step_ms'][arm]:>8.3f}"

@@ -20,8 +20,11 @@ Checks (grown issue by issue):
    per operator, and the trace must load as JSON.
 5. telemetry (issue 12): NVML utilization and power samples in the record; the process tree's memory
    measure (PSS).
-6. overhead on a GPU: a ~2 ms and a ~10 ms step, with and without the callback, interleaved, medians of
-   repeats (the DESIGN's rule: no host-device synchronization per step).
+6. no host-device synchronization (issue 13): `torch.cuda.set_sync_debug_mode("warn")` around steps
+   20-60 of a CUDA fit, with and without the callback; the synchronizing calls each thread made. tuneup
+   must add none on the training thread.
+7. overhead on a GPU (issue 13): steps of ~10 ms and ~100 ms of device time, with and without the
+   callback, interleaved, medians of repeats.
 """
 
 from __future__ import annotations
@@ -294,13 +297,23 @@ def telemetry(out: Path) -> dict[str, Any]:
     return {"gpus": gpus, "memory": memory}
 
 
-@check("overhead on the device")
-def overhead(out: Path, repeats: int) -> dict[str, Any]:
+def _device_fit(
+    out: Path,
+    step_ms: float,
+    steps: int,
+    with_tuneup: bool,
+    delay: DeviceDelay,
+    callbacks: list[Any] | None = None,
+) -> list[float]:
+    """A fit whose step is a small model plus `step_ms` of device time (torch.cuda._sleep): times of
+    batch ends (host clock), the device synchronized at the end."""
     import lightning.pytorch as L
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     from tuneup import TuneupCallback
+
+    width = 1024 if ACCELERATOR == "gpu" else 64  # on the CPU of a dry run, the delay is the step
 
     class Timer(L.Callback):
         def __init__(self) -> None:
@@ -309,43 +322,107 @@ def overhead(out: Path, repeats: int) -> dict[str, Any]:
         def on_train_batch_end(self, *args: Any) -> None:
             self.ends.append(time.perf_counter())
 
-    def fit(width: int, with_tuneup: bool) -> float:
-        module = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
+    class M(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
 
-        class M(L.LightningModule):
-            def __init__(self) -> None:
-                super().__init__()
-                self.m = module
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            delay(step_ms)  # the step's device time: the host runs ahead unless someone synchronizes
+            return self.m(batch[0]).pow(2).mean()
 
-            def training_step(self, batch: Any, batch_idx: int) -> Any:
-                return self.m(batch[0]).pow(2).mean()
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.001)
 
-            def configure_optimizers(self) -> Any:
-                return torch.optim.SGD(self.parameters(), lr=0.001)
+    timer = Timer()
+    tuneup = [TuneupCallback(dirpath=Path(tempfile.mkdtemp(dir=out)))] if with_tuneup else []
+    trainer = L.Trainer(
+        accelerator=ACCELERATOR, devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[*tuneup, *(callbacks or []), timer],
+        default_root_dir=str(out),
+    )  # fmt: skip
+    trainer.fit(M(), DataLoader(TensorDataset(torch.randn(steps * 64, width)), batch_size=64))
+    if ACCELERATOR == "gpu":
+        torch.cuda.synchronize()
+    return timer.ends
 
-        timer = Timer()
-        callbacks: list[Any] = [timer] + (
-            [TuneupCallback(dirpath=Path(tempfile.mkdtemp(dir=out)))] if with_tuneup else []
-        )
-        trainer = L.Trainer(
-            accelerator=ACCELERATOR, devices=1, max_steps=300, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, default_root_dir=str(out),
-        )  # fmt: skip
-        trainer.fit(M(), DataLoader(TensorDataset(torch.randn(300 * 256, width)), batch_size=256))
-        if ACCELERATOR == "gpu":
-            torch.cuda.synchronize()
-        gaps = [b - a for a, b in zip(timer.ends[60:], timer.ends[61:], strict=False)]
-        return statistics.median(gaps) * 1000.0
 
+@check("no host-device synchronization (sync debug mode)")
+def sync_debug(out: Path) -> dict[str, Any]:
+    """torch.cuda.set_sync_debug_mode("warn") from step 20 to step 60 of a fit: every synchronizing CUDA
+    call warns, in the thread that made it. The training thread must see as many with tuneup as without
+    (Lightning's own, if any); tuneup's writer thread may read a finished step's loss (reported)."""
+    import threading
+    import warnings
+
+    import lightning.pytorch as L
+    import torch
+
+    if ACCELERATOR != "gpu":
+        print("  dry run: sync debug mode needs CUDA; the fits below run without it")
+
+    seen: list[tuple[str, str]] = []
+
+    class SyncWatch(L.Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if ACCELERATOR == "gpu" and trainer.global_step in (20, 60):
+                torch.cuda.set_sync_debug_mode("warn" if trainer.global_step == 20 else "default")
+
+    def record(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        if "synchroniz" in str(message):
+            seen.append((threading.current_thread().name, str(message)[:120]))
+
+    delay = DeviceDelay()
+    result: dict[str, Any] = {}
+    original = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        try:
+            for arm in ("baseline", "tuneup"):
+                seen.clear()
+                _device_fit(out, 5.0, 80, arm == "tuneup", delay, callbacks=[SyncWatch()])
+                by_thread: dict[str, int] = {}
+                for thread, _ in seen:
+                    by_thread[thread] = by_thread.get(thread, 0) + 1
+                result[arm] = {"by_thread": by_thread, "first": seen[:3]}
+                print(f"  {arm}: synchronizing calls by thread, steps 20-60: {by_thread or 'none'}")
+        finally:
+            warnings.showwarning = original
+            if ACCELERATOR == "gpu":
+                torch.cuda.set_sync_debug_mode("default")
+    main_base = result["baseline"]["by_thread"].get("MainThread", 0)
+    main_tuneup = result["tuneup"]["by_thread"].get("MainThread", 0)
+    result["training_thread_added"] = main_tuneup - main_base
+    print(f"  synchronizations tuneup added on the training thread: {main_tuneup - main_base}")
+    return result
+
+
+@check("overhead on the device")
+def overhead(out: Path, repeats: int) -> dict[str, Any]:
+    """Steps of ~10 ms and ~100 ms of device time, with and without the callback, interleaved (A, B, B,
+    A, ...); the median over repeats of each fit's median step. With no synchronization the host's work
+    hides behind the device's: the difference should be within the device's own jitter."""
+    delay = DeviceDelay()
     results = {}
-    # About 2 ms and 10 ms steps on an H100-class GPU; tiny on the CPU of a dry run.
-    for width in (1024, 4096) if ACCELERATOR == "gpu" else (32, 64):
-        pairs = [(fit(width, False), fit(width, True)) for _ in range(repeats)]
+    # ~10 and ~100 ms of device time; a dry run uses host delays of 2 and 10 ms.
+    for step_ms in (10.0, 100.0) if ACCELERATOR == "gpu" else (2.0, 10.0):
+        steps = 150 if step_ms <= 10 else 40
+        pairs = []
+        for r in range(repeats):
+            arms = (False, True) if r % 2 == 0 else (True, False)
+            times = {}
+            for with_tuneup in arms:
+                ends = _device_fit(out, step_ms, steps, with_tuneup, delay)
+                gaps = [b - a for a, b in zip(ends[steps // 5 :], ends[steps // 5 + 1 :], strict=False)]
+                times[with_tuneup] = statistics.median(gaps) * 1000.0
+            pairs.append((times[False], times[True]))
         base = statistics.median(p[0] for p in pairs)
         with_cb = statistics.median(p[1] for p in pairs)
-        results[width] = {"baseline_ms": base, "tuneup_ms": with_cb, "overhead": with_cb / base - 1}
+        results[step_ms] = {"baseline_ms": base, "tuneup_ms": with_cb, "overhead": with_cb / base - 1}
         print(
-            f"  width {width}: baseline {base:.3f} ms/step, tuneup {with_cb:.3f} ms/step ({with_cb / base - 1:+.1%})"
+            f"  ~{step_ms:g} ms of device time: baseline {base:.3f} ms/step, tuneup {with_cb:.3f} ms/step "
+            f"({with_cb / base - 1:+.2%})"
         )
     return results
 
@@ -389,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     timeline(out)
     operators(out)
     telemetry(out)
+    sync_debug(out)
     overhead(out, 2 if args.quick else 3)
     (out / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     print(f"\nwrote {out / 'gpu_check.json'}")
