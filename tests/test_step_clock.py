@@ -359,7 +359,7 @@ def test_a_sync_inside_the_gap_without_fetch_marks_is_carved_out_of_data() -> No
 
 
 def test_marks_inside_an_excluded_interval_are_excluded_with_it() -> None:
-    # Validation fetches its own batches (the fetch tap sees them) and a save inside it runs a barrier:
+    # Validation fetches its own batches (its copy to the device is tapped too) and a save inside it runs a barrier:
     # none of it may leak into the next step.
     timer, out = ScriptedTimer(), []
     clock = StepClock(timer, out.append)

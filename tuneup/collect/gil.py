@@ -5,9 +5,10 @@ telemetry sampler) gets it at once; when the operator returns, the training thre
 waits until the background thread lets go of it: at a blocking call, or after CPython's switch interval
 (5 ms), when the waiting thread asks for it. A background thread's Python work is therefore paid almost
 one for one by the training thread, however idle the machine's other cores. Measured with
-benchmarks/gil_share.py (2 ms of Python every 50 ms beside a loop of 0.3 ms matrix products): +3.7% on the
-loop when the work ran in one go; +0.3% when it paused every 100 us with `time.sleep(0)`; +1.0% when it
-slept 50 us instead (a real sleep spreads the work over more of the loop's operator returns).
+benchmarks/gil_share.py (2 ms of Python every 50 ms beside a loop of 0.3 ms matrix products): +3.1% to
++3.8% on the loop when the work ran in one go; +0.2% to +0.3% when it paused every 100 us with
+`time.sleep(0)`; +0.7% to +1.1% when it slept 50 us instead (a real sleep spreads the work over more of the
+loop's operator returns).
 
 So the background threads do their work in pieces of at most PIECE_S, through `GilPacer`, and the training
 thread waits for the GIL at most about that long.
