@@ -670,26 +670,27 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     # argument packing cost, in caches the step has just emptied, as much as a mark (issue 13).
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self._clock is not None and not self._disabled:
-            try:
-                self._batch_started(trainer, batch)
-            except Exception as exc:
-                self._hook_failed("on_train_batch_start", exc)
+        clock = self._clock
+        if clock is None or self._disabled:
+            return
+        try:
+            if self._first_batch:
+                self._first_batch = False
+                if not clock.pending and not clock.micro_batches:
+                    self._steps_done = _training_steps_done(trainer, self._automatic_optimization)
+            samples, tokens = self.counter.samples(batch), self.counter.tokens(batch)
+            if self._profiler is not None:
+                self._profiler.batch_start(self._steps_done)
+            clock.batch_start(samples, tokens)
+            if self.count_flops and not self._flops_done:
+                self._start_counting_flops(samples, tokens)
+        except Exception as exc:
+            self._hook_failed("on_train_batch_start", exc)
 
-    def _batch_started(self, trainer: Any, batch: Any) -> None:
-        assert self._clock is not None
-        if self._first_batch:
-            self._first_batch = False
-            if not self._clock.pending and not self._clock.micro_batches:
-                self._steps_done = _training_steps_done(trainer, self._automatic_optimization)
-        samples, tokens = self.counter.samples(batch), self.counter.tokens(batch)
-        if self._profiler is not None:
-            self._profiler.batch_start(self._steps_done)
-        self._clock.batch_start(samples, tokens)
-        if self.count_flops and not self._flops_done:
-            self._flops_done = True  # once, even if counting fails
-            self._flops_batch = (samples, tokens, self._steps_done)
-            self._flops.start()
+    def _start_counting_flops(self, samples: int | None, tokens: int | None) -> None:
+        self._flops_done = True  # once, even if counting fails
+        self._flops_batch = (samples, tokens, self._steps_done)
+        self._flops.start()
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         clock = self._clock
@@ -720,23 +721,24 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._clock is not None and not self._disabled:
-            try:
-                self._batch_ended(trainer, outputs)
-            except Exception as exc:
-                self._hook_failed("on_train_batch_end", exc)
-
-    def _batch_ended(self, trainer: Any, outputs: Any) -> None:
         clock = self._clock
-        assert clock is not None
+        if clock is None or self._disabled:
+            return
+        try:
+            self._batch_ended(clock, trainer, outputs)
+        except Exception as exc:
+            self._hook_failed("on_train_batch_end", exc)
+
+    def _batch_ended(self, clock: StepClock, trainer: Any, outputs: Any) -> None:
         if self._flops_batch is not None:  # the first micro-batch: its FLOPs were being counted
             self._record_flops(trainer)
-        clock.batch_end()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and hasattr(loss, "detach"):
             # Automatic optimization hands over a detached copy; a manual training_step may return the
             # loss with its graph, which must not be kept alive until the step is resolved.
-            clock.add_loss(loss if self._automatic_optimization else loss.detach())
+            clock.batch_end(loss if self._automatic_optimization else loss.detach())
+        else:
+            clock.batch_end()
         global_step = trainer.global_step
         if global_step == self._seen_global_step:
             if self._profiler is not None:

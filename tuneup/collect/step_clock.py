@@ -291,11 +291,12 @@ class StepClock:
         if self.micro_batches and self._state in (OPTIMIZER, _AFTER_BACKWARD):
             self._switch(_M_AFTER_OPTIMIZER, _AFTER_OPTIMIZER)
 
-    def batch_end(self) -> None:
-        """Mark the end of a batch (a micro-batch under accumulation)."""
-        if self._cursor is None:
-            return
-        self._last_end = self._switch(_M_BATCH_END, _GAP)
+    def batch_end(self, loss: Any = None) -> None:
+        """Mark the end of a batch (a micro-batch under accumulation), and add its loss to the step's."""
+        if self._cursor is not None:
+            self._last_end = self._switch(_M_BATCH_END, _GAP)
+        if loss is not None:  # add_loss, written out: this runs every micro-batch
+            self.loss = loss if self.loss is None else self.loss + loss
 
     def sync_start(self) -> None:
         """The trainer enters one of its own collectives (a barrier, a broadcast)."""
