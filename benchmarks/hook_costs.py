@@ -47,7 +47,6 @@ CLOCK_MARKS = (
     "batch_end",
     "sync_start",
     "sync_end",
-    "add_loss",
     "close_step",
 )
 CALLBACK_HOOKS = (

@@ -50,6 +50,7 @@ def micro_batch(
     between: float = 0.0,
     samples: int = 4,
     tail: float | None = None,
+    loss: float | None = None,
 ) -> None:
     timer.now_ms += data
     clock.batch_start(samples, None)
@@ -64,7 +65,7 @@ def micro_batch(
     if tail is not None:  # the optimizer's post-hook fired; the trainer's work to the batch end follows
         clock.after_optimizer()
         timer.now_ms += tail
-    clock.batch_end()
+    clock.batch_end(loss)
 
 
 def test_single_micro_batch_phases_tile_the_step() -> None:
@@ -130,8 +131,7 @@ def test_loss_of_micro_batches_is_summed() -> None:
     clock = StepClock(timer, out.append)
     clock.restart()
     for _ in range(2):
-        micro_batch(clock, timer, 1, 1, 1, None)
-        clock.add_loss(0.25)
+        micro_batch(clock, timer, 1, 1, 1, None, loss=0.25)
     clock.close_step(0, 0)
     clock.drain()
     assert out[0]["loss"] == 0.5

@@ -43,6 +43,9 @@ def _nothing() -> None:
 _BATCH_TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
 
 
+_LIGHTNING = ("lightning", "pytorch_lightning")  # the packages whose classes hold the hooks' defaults
+
+
 def _copies_or_prepares(trainer: Any, strategy: Any) -> bool:
     """Whether `batch_to_device` does anything worth timing: a copy to an accelerator, or the user's own
     batch-transfer hooks (augmentation on the batch, say), which are data preparation. On the CPU with
@@ -52,16 +55,14 @@ def _copies_or_prepares(trainer: Any, strategy: Any) -> bool:
     for owner in (getattr(trainer, "lightning_module", None), getattr(trainer, "datamodule", None)):
         if owner is None:
             continue
-        for name in _BATCH_TRANSFER_HOOKS:
-            mine = getattr(type(owner), name, None)
-            # The first class in the MRO that is Lightning's own defines the default.
-            base = next((k for k in type(owner).__mro__ if k.__module__.split(".")[0] in _LIGHTNING), None)
-            if base is not None and mine is not getattr(base, name, None):
-                return True
+        # The first class in the MRO that is Lightning's own defines the defaults.
+        base = next((k for k in type(owner).__mro__ if k.__module__.split(".")[0] in _LIGHTNING), None)
+        if base is not None and any(
+            getattr(type(owner), name, None) is not getattr(base, name, None)
+            for name in _BATCH_TRANSFER_HOOKS
+        ):
+            return True
     return False
-
-
-_LIGHTNING = ("lightning", "pytorch_lightning")
 
 
 class TrainerTaps:

@@ -92,9 +92,9 @@ class TelemetrySampler:
         while True:
             # Between sensors the thread gives the GIL back: each is a few hundred us of Python (psutil
             # parsing /proc), which the training thread would otherwise wait for (tuneup.collect.gil).
-            with self._lock:
-                sample = self._sample_locked(pause=GilPacer())
-            self._emit(sample)
+            # Between sensors the thread gives the GIL back: each is a few hundred us of Python (psutil
+            # parsing /proc), which the training thread would otherwise wait for (tuneup.collect.gil).
+            self._emit(self.sample_once(pause=GilPacer()))
             next_tick += self._interval_s
             now = time.monotonic()
             if next_tick < now:
@@ -104,10 +104,11 @@ class TelemetrySampler:
             if self._stop_event.wait(next_tick - now):
                 return
 
-    def sample_once(self) -> dict[str, Any]:
-        """Read every sensor now and return the sample (does not call the sink)."""
+    def sample_once(self, pause: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Read every sensor now and return the sample (does not call the sink); `pause()` runs between
+        sensors (the sampler's thread gives the GIL back there)."""
         with self._lock:
-            return self._sample_locked()
+            return self._sample_locked(pause)
 
     def _sample_locked(self, pause: Callable[[], None] | None = None) -> dict[str, Any]:
         sample: dict[str, Any] = {"t": round(time.time(), 3)}

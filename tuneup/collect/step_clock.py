@@ -295,7 +295,8 @@ class StepClock:
         """Mark the end of a batch (a micro-batch under accumulation), and add its loss to the step's."""
         if self._cursor is not None:
             self._last_end = self._switch(_M_BATCH_END, _GAP)
-        if loss is not None:  # add_loss, written out: this runs every micro-batch
+        if loss is not None:
+            # Lightning hands on_train_batch_end a detached copy: summing it keeps a device tensor, no sync.
             self.loss = loss if self.loss is None else self.loss + loss
 
     def sync_start(self) -> None:
@@ -321,11 +322,6 @@ class StepClock:
     def _resume(self, state: int) -> None:
         if self._state == state and self._suspended:
             self._switch(_M_OTHER, self._suspended.pop())
-
-    def add_loss(self, loss: Any) -> None:
-        # Lightning hands on_train_batch_end a detached copy: summing it keeps a device tensor, no sync.
-        if loss is not None:
-            self.loss = loss if self.loss is None else self.loss + loss
 
     def close_step(
         self, step: int, epoch: int, peak_mem_bytes: int | None = None, comm: list[Any] | None = None
