@@ -99,6 +99,9 @@ TUNEUP_VARIANTS: dict[str, dict[str, Any]] = {
     "tu-notelem": {"telemetry_interval_s": 1e6},
     "tu-nolog": {"log_to_trainer": False},
     "tu-bare": {"count_flops": False, "telemetry_interval_s": 1e6, "log_to_trainer": False},
+    # The gradient noise scale measures only under DDP or gradient accumulation: in this benchmark's one
+    # process without accumulation it computes nothing, and this arm checks that it costs nothing either.
+    "tu-nogns": {"noise_scale": False},
 }
 AA = "lightning-aa"  # the baseline again, as an arm: an A/A check of the method's noise floor
 EMPTY = "empty"  # a Callback with no hooks: what Lightning's dispatch of one more callback costs

@@ -16,6 +16,7 @@ from tuneup.analyze.data_loading import data_loading
 from tuneup.analyze.findings import findings
 from tuneup.analyze.interruptions import interruptions_section
 from tuneup.analyze.model import REPORT_SCHEMA_VERSION, Environment, RunAnalysis
+from tuneup.analyze.noise_scale import noise_scale_section
 from tuneup.analyze.operators import operators_section
 from tuneup.analyze.rank_spread import ranks_section
 from tuneup.analyze.ranks import find_straggler, rank_profile
@@ -108,4 +109,5 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
         interruptions=interruptions_section(segments or [run], per_device_hour),
         timeline=fit_timeline,
         operators=operators_section(run, {k: p.ms for k, p in steps.phases.items()}, steps.mean_ms),
+        noise_scale=noise_scale_section(run, steady),
     )

@@ -515,6 +515,38 @@ class Communication:
     ddp_logging: dict[str, float] | None = decimals(3)
 
 
+# -- gradient noise scale ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseScale:
+    """The gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018, appendix A.1), from a small-
+    and a big-batch gradient norm per step (tuneup/analyze/noise_scale.py). It is the batch size at which
+    the gradient's noise equals its signal: well below it a bigger batch cuts the steps to a target almost
+    in proportion; well above it, hardly at all. Squared norms are in the loss's units (per parameter
+    gradient, summed over parameters), the mixed-precision loss scale divided out."""
+
+    method: str  # how the two norms were taken, in words
+    small_batch: int  # samples behind the small-batch gradient (per rank, per step)
+    big_batch: int  # samples behind the big-batch gradient
+    steps: int  # steady steps the headline uses
+    # mean tr(Σ) estimate / mean |G|² estimate over the steady steps, with a 95% interval; None when the
+    # mean |G|² is not positive: the signal is below the noise at these batch sizes (B_simple is larger
+    # than can be measured with them). ci_high None: unbounded above.
+    b_simple: float | None = significant(4)
+    ci_low: float | None = significant(4)
+    ci_high: float | None = significant(4)
+    grad_sq: float | None = significant(6)  # |G|², the mean of its per-step estimates
+    trace_sigma: float | None = significant(6)  # tr(Σ) of one sample's gradient, the same way
+    # The plot's series: bias-corrected EMAs of both estimates, divided (None where the |G|² EMA is not
+    # positive), at each recorded step with both norms.
+    series_step: list[int]
+    series_b_simple: list[float | None] = significant(4)
+    ema_steps: float = decimals(1)  # the EMAs' time constant, in steps
+    comm_hook: str | None  # the DDP comm hook the norms were taken around
+    notes: list[str]
+
+
 # -- cost --------------------------------------------------------------------------------------------
 
 
@@ -836,6 +868,7 @@ class RunAnalysis:
     interruptions: Interruptions | None = None
     operators: OperatorProfile | None = None  # only where steps were profiled
     timeline: Timeline | None = None  # None in reports written before the job timeline existed
+    noise_scale: NoiseScale | None = None  # None where it was not measured (and in older reports)
 
 
 # -- JSON --------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuneup._log import warn_once
+from tuneup.collect.grad_noise import squared_norm, sum_squares
 
 # torch.distributed function -> collective kind, and the argument (position, name) holding the tensor
 # whose size nccl-tests counts: the gathered output of a gather, the input of a scatter.
@@ -49,6 +50,10 @@ class PendingCollective:
     start: Any
     world_size: int
     end: Any = None  # set when the collective completes (from another thread)
+    # The gradient noise scale's inputs (tuneup.collect.grad_noise), DDP buckets only: the bucket's
+    # squared norm before the all-reduce (this rank's gradient) and after it (the average), as tensors.
+    local_sq: Any = None
+    reduced_sq: Any = None
 
 
 def _tensor_bytes(tensor: Any) -> int:
@@ -73,6 +78,9 @@ class CommProbe:
         self.hook_registered = False
         self.hooks_wrapped = 0
         self.process_group: Any = None  # the DDP model's, once the default hook is registered
+        # Take each bucket's squared norm before and after its all-reduce (the gradient noise scale).
+        self.noise_scale = False
+        self.hook_name: str | None = None  # the DDP comm hook in use, as registered
 
     # -- marks ---------------------------------------------------------------------------------------
 
@@ -104,6 +112,18 @@ class CommProbe:
 
         return done
 
+    def _finish_with_norm(self, record: PendingCollective) -> Callable[[Any], Any]:
+        def done(fut: Any) -> Any:
+            record.end = self.mark()
+            value = fut.value()
+            try:  # the averaged bucket, as the hook hands it back to DDP (a tensor)
+                record.reduced_sq = squared_norm(value[0] if isinstance(value, list) else value)
+            except Exception as exc:
+                warn_once("gns-after", f"cannot take a reduced bucket's norm ({exc}); no noise scale")
+            return value
+
+        return done
+
     # -- DDP hooks -----------------------------------------------------------------------------------
 
     def wrap_hook(self, hook: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -113,6 +133,8 @@ class CommProbe:
         @functools.wraps(hook)
         def timed_hook(state: Any, bucket: Any) -> Any:
             start = probe.mark()
+            # Before the hook: hooks divide and reduce the bucket in place.
+            local_sq = _local_squared_norm(bucket) if probe.noise_scale else None
             sent: list[tuple[str, int, str]] = []
             probe._local.sent = sent
             try:
@@ -132,7 +154,10 @@ class CommProbe:
                 kind, nbytes, dtype, int(bucket.index()), "ddp_hook", start, probe.world_size
             )
             probe._add(record)
-            return fut.then(probe._finish(record))
+            if local_sq is None:
+                return fut.then(probe._finish(record))
+            record.local_sq = local_sq
+            return fut.then(probe._finish_with_norm(record))
 
         return timed_hook
 
@@ -146,6 +171,7 @@ class CommProbe:
         register = self._saved_register or type(ddp_model).register_comm_hook
         register(ddp_model, self, timed_allreduce_hook)
         self.hook_registered = True
+        self.hook_name = "timed_allreduce_hook"
 
     # -- install / uninstall -------------------------------------------------------------------------
 
@@ -167,6 +193,7 @@ class CommProbe:
             def register_comm_hook(ddp_self: Any, state: Any, hook: Callable[..., Any]) -> Any:
                 result = original_register(ddp_self, state, probe.wrap_hook(hook))
                 probe.hook_registered = True
+                probe.hook_name = str(getattr(hook, "__qualname__", None) or hook)[:200]
                 probe.hooks_wrapped += 1
                 return result
 
@@ -217,6 +244,14 @@ class CommProbe:
         return collective
 
 
+def _local_squared_norm(bucket: Any) -> Any:
+    try:
+        return squared_norm(bucket.buffer())
+    except Exception as exc:  # never the training's problem: this step just has no noise scale
+        warn_once("gns-before", f"cannot take a gradient bucket's norm ({exc}); no noise scale")
+        return None
+
+
 # No annotations: DDP checks a hook's annotations, and `from __future__ import annotations` makes them strings.
 def timed_allreduce_hook(probe, bucket):  # type: ignore[no-untyped-def]
     """torch's `allreduce_hook`, timed by `probe` (the hook's state), in one piece.
@@ -229,6 +264,8 @@ def timed_allreduce_hook(probe, bucket):  # type: ignore[no-untyped-def]
     start = probe.mark()
     group = probe.process_group
     tensor = bucket.buffer()
+    # This rank's gradient, before the division below changes the bucket in place.
+    local_sq = _local_squared_norm(bucket) if probe.noise_scale else None
     # Divide first, as allreduce_hook does, so that 16-bit gradients cannot overflow in the sum. (Without
     # any hook DDP folds this division into its copy into the bucket: the one pass a hook adds.)
     tensor.div_(group.size())
@@ -248,7 +285,20 @@ def timed_allreduce_hook(probe, bucket):  # type: ignore[no-untyped-def]
         record.end = probe.mark()
         return fut.value()[0]
 
-    return fut.then(done)
+    if local_sq is None:
+        return fut.then(done)
+    record.local_sq = local_sq
+
+    def done_with_norm(fut):  # type: ignore[no-untyped-def]
+        record.end = probe.mark()
+        averaged = fut.value()[0]
+        try:
+            record.reduced_sq = squared_norm(averaged)
+        except Exception as exc:
+            warn_once("gns-after", f"cannot take a reduced bucket's norm ({exc}); no noise scale")
+        return averaged
+
+    return fut.then(done_with_norm)
 
 
 def resolve_collectives(
@@ -287,4 +337,14 @@ def resolve_collectives(
             "comm_bytes": sum(p.bytes for p in done),
             "comm_count": len(done),
         }
+        # The noise scale's two norms, only when every bucket of the step has both (a bucket left out
+        # would bias them); summed as tensors, read once by the caller.
+        if hooks and len(hooks) == len([p for p in pending if p.source == "ddp_hook"]):
+            local = [p.local_sq for p in hooks]
+            reduced = [p.reduced_sq for p in hooks]
+            if None not in local and None not in reduced:
+                try:
+                    summary["_gns_sq"] = (sum_squares(local), sum_squares(reduced))
+                except Exception as exc:
+                    warn_once("gns-sum", f"cannot add up the buckets' norms ({exc}); no noise scale")
     return records, summary

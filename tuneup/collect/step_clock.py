@@ -162,6 +162,7 @@ class PendingStep:
     peak_mem_bytes: int | None
     checkpoint: bool
     comm: list[Any] | None = None  # PendingCollective of the step (tuneup.collect.comm)
+    noise: Any = None  # PendingNoise of the step (tuneup.collect.grad_noise), where it is measured
 
 
 _PENDING_END = 5  # index of PendingStep.end in the tuples the clock queues
@@ -217,6 +218,7 @@ class StepClock:
         self.tokens: int | None = None
         self.loss: Any = None
         self.grad_norm: Any = None
+        self.noise: Any = None  # the callback's PendingNoise for this step, where it measures one
         self.checkpoint = False
 
     def _switch(self, ending: int, state: int) -> Any:
@@ -355,6 +357,7 @@ class StepClock:
                     peak_mem_bytes,
                     self.checkpoint,
                     comm or None,
+                    self.noise,
                 )
             )
         self._reset_step()
@@ -409,12 +412,18 @@ class StepClock:
         }
         if p.checkpoint:
             record["checkpoint"] = True
+        comm_sq = None
         if p.comm:
             from tuneup.collect.comm import resolve_collectives
 
             collectives, summary = resolve_collectives(p.comm, self._elapsed_safely, p.start)
+            comm_sq = summary.pop("_gns_sq", None)
             record.update(summary)
             record["_collectives"] = collectives
+        if p.noise is not None:
+            from tuneup.collect.grad_noise import noise_record
+
+            record.update(noise_record(p.noise, comm_sq))
         return record
 
     def _elapsed_safely(self, start: Any, end: Any) -> float:

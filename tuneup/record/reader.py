@@ -445,6 +445,10 @@ _NON_NEGATIVE_STEP_FIELDS = (
     "comm_exposed_ms",
     "comm_bytes",
     "comm_count",
+    "gns_small_sq",
+    "gns_big_sq",
+    "gns_small_batch",
+    "gns_big_batch",
 )
 
 
@@ -485,6 +489,10 @@ _STEP_FIELDS = (
     "comm_bytes",
     "comm_count",
     "sync_ms",
+    "gns_small_sq",
+    "gns_big_sq",
+    "gns_small_batch",
+    "gns_big_batch",
 )
 if tuple(f.name for f in fields(StepRecord)) != _STEP_FIELDS:
     raise ImportError("tuneup.record.reader: _STEP_FIELDS must list StepRecord's fields in their order")
@@ -515,6 +523,10 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         comm_bytes,
         comm_count,
         sync,
+        small_sq,
+        big_sq,
+        small_batch,
+        big_batch,
     ) = map(obj.get, _STEP_FIELDS)
     if not (
         type(step) is int
@@ -525,6 +537,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
                 (epoch, samples, tokens, loss, grad_norm, peak, comm, exposed, comm_bytes, comm_count, sync),
             )
         )
+        and (small_sq is None or _gns_valid(small_sq, big_sq, small_batch, big_batch))
         and (sync is None or sync >= 0)
         and min(wall, data, forward, backward, optimizer, other, micro) >= 0
         and (samples is None or samples >= 0)
@@ -558,6 +571,22 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         None if comm_bytes is None else int(float(comm_bytes)),
         None if comm_count is None else int(float(comm_count)),
         0.0 if sync is None else float(sync),
+        None if small_sq is None else float(small_sq),
+        None if small_sq is None else float(big_sq),
+        None if small_sq is None else int(small_batch),
+        None if small_sq is None else int(big_batch),
+    )
+
+
+def _gns_valid(small_sq: Any, big_sq: Any, small_batch: Any, big_batch: Any) -> bool:
+    """The noise scale's four fields, as the callback writes them: all there, numbers, not negative."""
+    return (
+        type(small_sq) in _NUMBER
+        and type(big_sq) in _NUMBER
+        and type(small_batch) is int
+        and type(big_batch) is int
+        and min(small_sq, big_sq) >= 0
+        and 0 < small_batch < big_batch
     )
 
 
@@ -588,6 +617,10 @@ def _checked_step(obj: dict[str, Any]) -> StepRecord:
         comm_bytes=_opt_int(obj, "comm_bytes"),
         comm_count=_opt_int(obj, "comm_count"),
         sync_ms=_opt_num(obj, "sync_ms") or 0.0,
+        gns_small_sq=_opt_num(obj, "gns_small_sq"),
+        gns_big_sq=_opt_num(obj, "gns_big_sq"),
+        gns_small_batch=_opt_int(obj, "gns_small_batch"),
+        gns_big_batch=_opt_int(obj, "gns_big_batch"),
     )
     return _non_negative(record, _NON_NEGATIVE_STEP_FIELDS)
 

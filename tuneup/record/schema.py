@@ -108,6 +108,15 @@ class StepRecord:
     comm_count: int | None = None
     # The trainer's own collectives between batches (Lightning's SIGTERM flag broadcast, barriers).
     sync_ms: float = 0.0
+    # The gradient noise scale's inputs (tuneup.collect.grad_noise; absent where it was not measured):
+    # the squared norms of a small-batch and a big-batch gradient of this step, in the loss's units (the
+    # mixed-precision loss scale divided out), and the samples each was averaged over. DDP: this rank's
+    # gradient before the all-reduce and the averaged one after it; one process with accumulation: the
+    # first micro-batch's gradient and the accumulated one.
+    gns_small_sq: float | None = None
+    gns_big_sq: float | None = None
+    gns_small_batch: int | None = None
+    gns_big_batch: int | None = None
 
 
 @dataclass(slots=True)

@@ -87,7 +87,7 @@ def _json_default(obj: Any) -> Any:
 
 
 # Fields kept to significant digits rather than to microseconds: a loss of 1e-5 must not round to 0.
-_SIGNIFICANT = frozenset({"loss", "grad_norm"})
+_SIGNIFICANT = frozenset({"loss", "grad_norm", "gns_small_sq", "gns_big_sq"})
 
 
 def _clean(key: str, value: Any) -> Any:

@@ -1,0 +1,244 @@
+"""The gradient noise scale: the estimator on numbers whose answer is known, the record's new fields, and
+the ground truth of a linear regression that never moves (tests/workloads/linear_gns.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuneup import load_run
+from tuneup.analyze.analysis import analyze_run
+from tuneup.analyze.noise_scale import (
+    ema_series,
+    noise_scale_section,
+    per_step_estimates,
+    ratio_of_means,
+    statistical_efficiency,
+)
+from tuneup.collect.grad_noise import PendingNoise, noise_record
+from tuneup.record import RankWriter, write_manifest
+
+from synthetic import make_run, step_record
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = ROOT / "tests" / "workloads" / "linear_gns.py"
+
+# -- the estimator ------------------------------------------------------------------------------------
+
+
+def test_expected_norms_give_the_exact_grad_sq_and_trace() -> None:
+    grad_sq, trace, small, big = 3.0, 60.0, 8, 32
+    # E|G_B|² = |G|² + tr(Σ)/B, with no sampling noise: the estimates are exact.
+    g, t = per_step_estimates(grad_sq + trace / small, grad_sq + trace / big, small, big)
+    assert g == pytest.approx(grad_sq) and t == pytest.approx(trace)
+    b, low, high = ratio_of_means([g] * 100, [t] * 100)
+    assert b == pytest.approx(20.0) and low == pytest.approx(20.0) and high == pytest.approx(20.0)
+
+
+def _sampled_steps(
+    rng: random.Random, steps: int, ranks: int, small: int, sigma: float, mean: list[float]
+) -> list[tuple[float, float]]:
+    """(mean of the ranks' |g_small|², |g_big|²) per step, from Gaussian per-sample gradients."""
+    out = []
+    for _ in range(steps):
+        local = [[m + rng.gauss(0.0, sigma / math.sqrt(small)) for m in mean] for _ in range(ranks)]
+        big = [sum(v[i] for v in local) / ranks for i in range(len(mean))]
+        small_sq = sum(sum(x * x for x in v) for v in local) / ranks
+        out.append((small_sq, sum(x * x for x in big)))
+    return out
+
+
+def test_sampled_gradients_give_the_true_noise_scale_within_its_interval() -> None:
+    # |G|² = 1, tr(Σ) = dim·σ² = 16·0.5 = 8: B_simple = 8, around the batch sizes 8 and 16.
+    mean, sigma, small, ranks = [1.0] + [0.0] * 15, math.sqrt(0.5), 8, 2
+    rng = random.Random(3)
+    steps = _sampled_steps(rng, 2000, ranks, small, sigma, mean)
+    estimates = [per_step_estimates(s, b, small, small * ranks) for s, b in steps]
+    b, low, high = ratio_of_means([g for g, _ in estimates], [t for _, t in estimates])
+    assert b == pytest.approx(8.0, rel=0.1)
+    assert low is not None and high is not None and low < 8.0 < high and high - low < 4.0
+    # The mean of per-step ratios (what the estimator must not do) is far off: |G|² swings through zero.
+    ratios = [t / g for g, t in estimates]
+    assert abs(sum(ratios) / len(ratios) - 8.0) > 2.0
+
+
+def test_signal_below_the_noise_has_no_number() -> None:
+    assert ratio_of_means([-1.0, 0.5, 0.2], [5.0, 6.0, 7.0]) == (None, None, None)
+    assert ratio_of_means([], []) == (None, None, None)
+
+
+def test_ema_series_is_bias_corrected_and_skips_a_non_positive_signal() -> None:
+    series = ema_series([2.0] * 5, [20.0] * 5, time_constant=50.0)
+    assert series == pytest.approx([10.0] * 5)  # no pull towards zero at the start
+    assert ema_series([-1.0, -1.0], [3.0, 3.0], 10.0) == [None, None]
+
+
+def test_statistical_efficiency_is_pollux() -> None:
+    assert statistical_efficiency(100.0, 32.0, 32.0) == 1.0
+    assert statistical_efficiency(100.0, 32.0, 132.0) == pytest.approx(132 / 232)
+    assert statistical_efficiency(0.0, 32.0, 64.0) == 0.5  # no noise: twice the batch, half the progress
+
+
+# -- collection: one step's record fields -------------------------------------------------------------
+
+
+def test_noise_record_divides_out_the_loss_scale_and_the_accumulation() -> None:
+    scale = 1024.0
+    pending = PendingNoise(
+        "accumulation",
+        small_batch=8,
+        big_batch=16,
+        small_sq=(3.0 / 4) * scale**2,  # 1/k of its mean gradient (k = 2), scaled by S
+        big_sq=2.0,  # unscaled already (Lightning unscales before on_before_optimizer_step)
+        small_factor=4.0,
+        loss_scale=scale,
+        small_scaled=True,
+        big_scaled=False,
+    )
+    assert noise_record(pending, None) == {
+        "gns_small_sq": pytest.approx(3.0),
+        "gns_big_sq": 2.0,
+        "gns_small_batch": 8,
+        "gns_big_batch": 16,
+    }
+    ddp = PendingNoise("ddp", small_batch=8, big_batch=16, loss_scale=scale)
+    assert noise_record(ddp, (3.0 * scale**2, 2.0 * scale**2))["gns_big_sq"] == pytest.approx(2.0)
+    assert noise_record(ddp, None) == {}  # a bucket without its norms: no figure for the step
+    assert noise_record(ddp, (math.inf, 2.0)) == {}  # an fp16 overflow
+
+
+def test_callback_checks_the_option() -> None:
+    from tuneup import TuneupCallback
+
+    assert TuneupCallback(noise_scale=False).noise_scale is False
+    with pytest.raises(ValueError, match="noise_scale"):
+        TuneupCallback(noise_scale="yes")  # type: ignore[arg-type]
+
+
+# -- the record ----------------------------------------------------------------------------------------
+
+
+def test_old_records_without_the_fields_load_and_analyze(tmp_path: Path) -> None:
+    run = load_run(make_run(tmp_path / "run", world_size=2, steps=30))
+    assert all(s.gns_small_sq is None and s.gns_big_batch is None for s in run.steps(0))
+    assert analyze_run(run).noise_scale is None
+
+
+def test_two_ranks_of_recorded_norms_are_averaged_per_step(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    write_manifest(path, {"run_id": "r", "created_unix": 1.0, "world_size": 2, "num_nodes": 1})
+    grad_sq, trace = 2.0, 40.0  # B_simple 20
+    for rank in (0, 1):
+        w = RankWriter(path, rank)
+        w.open({"host": "h"})
+        w.add_event("noise_scale", method="ddp", comm_hook="PowerSGDState.powerSGD_hook")
+        for s in range(60):
+            # The ranks' small norms straddle their expectation; only their mean is exact.
+            offset = 1.5 if rank == 0 else -1.5
+            rec = step_record(s)
+            rec.update(
+                gns_small_sq=grad_sq + trace / 8 + offset,
+                gns_big_sq=grad_sq + trace / 16,
+                gns_small_batch=8,
+                gns_big_batch=16,
+            )
+            w.add_step(rec)
+        w.close(status="completed")
+    run = load_run(path)
+    assert run.steps(1)[3].gns_small_sq == pytest.approx(grad_sq + trace / 8 - 1.5)
+    ns = noise_scale_section(run, {r: rec.steps[5:] for r, rec in run.ranks.items()})
+    assert ns is not None and ns.b_simple == pytest.approx(20.0) and ns.steps == 55
+    assert (ns.small_batch, ns.big_batch) == (8, 16) and ns.method.startswith("DDP")
+    assert any("biased" in n for n in ns.notes)  # PowerSGD's approximate average
+    assert ns.series_b_simple[-1] == pytest.approx(20.0)
+
+
+# -- ground truth: linear regression at learning rate 0 ------------------------------------------------
+
+
+def _fit(out: Path, *args: str) -> tuple[dict, object]:
+    truth = out.with_suffix(".json")
+    proc = subprocess.run(
+        [sys.executable, str(WORKLOAD), "--out", str(out), "--truth", str(truth), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        cwd=str(out.parent),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(truth.read_text()), load_run(out)
+
+
+@pytest.fixture(scope="module")
+def gns_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, object]]:
+    base = tmp_path_factory.mktemp("gns")
+    return {
+        "ddp": _fit(base / "ddp", "--devices", "2", "--max-steps", "1000"),
+        "ddp_scaled": _fit(
+            base / "ddp_scaled", "--devices", "2", "--max-steps", "300", "--loss-scale", "1024"
+        ),
+        "acc": _fit(base / "acc", "--accumulate", "2", "--max-steps", "2000"),
+        "acc_scaled": _fit(
+            base / "acc_scaled", "--accumulate", "2", "--max-steps", "1000", "--loss-scale", "1024"
+        ),
+    }
+
+
+def _estimate(run, last_step: int | None = None):  # type: ignore[no-untyped-def]
+    """The estimate over every recorded step (up to `last_step`): runs compared on the same steps."""
+    steps = {
+        r: [s for s in rec.steps if last_step is None or s.step <= last_step] for r, rec in run.ranks.items()
+    }
+    return noise_scale_section(run, steps)
+
+
+@pytest.mark.slow
+def test_ddp_and_accumulation_estimates_match_the_brute_force_truth(gns_runs) -> None:  # type: ignore[no-untyped-def]
+    truth, ddp = gns_runs["ddp"]
+    _, acc = gns_runs["acc"]
+    true_b = truth["b_simple"]
+    assert 5 < true_b < 20  # of the order of the batch sizes (8 and 16), where it is measurable
+    ddp_ns, acc_ns = analyze_run(ddp).noise_scale, analyze_run(acc).noise_scale
+    assert ddp_ns is not None and acc_ns is not None
+    assert ddp_ns.steps >= 200 and (ddp_ns.small_batch, ddp_ns.big_batch) == (8, 16)
+    assert (acc_ns.small_batch, acc_ns.big_batch) == (8, 16)
+    assert ddp_ns.method.startswith("DDP") and acc_ns.method.startswith("first micro-batch")
+    print(
+        f"\ntrue B_simple {true_b:.3f} (|G|² {truth['grad_sq']:.4f}, tr Σ {truth['trace_sigma']:.3f}); "
+        f"DDP 2 ranks {ddp_ns.b_simple:.3f} [{ddp_ns.ci_low:.2f}, {ddp_ns.ci_high:.2f}] over {ddp_ns.steps} "
+        f"steps; 1 rank, accumulation 2: {acc_ns.b_simple:.3f} [{acc_ns.ci_low:.2f}, {acc_ns.ci_high:.2f}] "
+        f"over {acc_ns.steps} steps"
+    )
+    assert ddp_ns.b_simple == pytest.approx(true_b, rel=0.15)
+    assert acc_ns.b_simple == pytest.approx(true_b, rel=0.15)
+    assert acc_ns.b_simple == pytest.approx(ddp_ns.b_simple, rel=0.15)
+    # Each side separately, not only their ratio.
+    assert ddp_ns.grad_sq == pytest.approx(truth["grad_sq"], rel=0.15)
+    assert ddp_ns.trace_sigma == pytest.approx(truth["trace_sigma"], rel=0.15)
+    # The test would catch a forgotten accumulation factor: without Lightning's 1/k undone (k² = 4) the
+    # first micro-batch's norm is a quarter, and the estimate is nowhere near the truth.
+    steps = [s for s in acc.steps(0) if s.gns_small_sq is not None]
+    est = [per_step_estimates(s.gns_small_sq / 4, s.gns_big_sq, 8, 16) for s in steps]
+    wrong, _, _ = ratio_of_means([g for g, _ in est], [t for _, t in est])
+    assert wrong is None or abs(wrong / true_b - 1) > 0.5
+
+
+@pytest.mark.slow
+def test_a_loss_scale_of_1024_is_divided_out(gns_runs) -> None:  # type: ignore[no-untyped-def]
+    for plain_name, scaled_name, last in (("ddp", "ddp_scaled", 299), ("acc", "acc_scaled", 999)):
+        _, plain = gns_runs[plain_name]
+        _, scaled = gns_runs[scaled_name]
+        a, b = _estimate(plain, last), _estimate(scaled, last)
+        assert a is not None and b is not None and a.steps == b.steps
+        print(f"\n{plain_name}: B_simple {a.b_simple:.4f} plain, {b.b_simple:.4f} with loss scale 1024")
+        assert b.b_simple == pytest.approx(a.b_simple, rel=0.01)
+        # Both sides too: a scale left in would multiply them by 1024² (and cancel in DDP's ratio).
+        assert b.grad_sq == pytest.approx(a.grad_sq, rel=0.01)
+        assert b.trace_sigma == pytest.approx(a.trace_sigma, rel=0.01)
