@@ -78,6 +78,12 @@ def test_layout_is_the_readmes(example: RunAnalysis) -> None:
         "  hardware: process CPU ",
         "  cost: ",
     ]
+    # The recommendations close the summary: a blank line, their header, then one line each.
+    header = next(i for i, line in enumerate(lines) if line.startswith("  recommendations ("))
+    assert lines[header - 1] == ""
+    advice = lines[header + 1 :]
+    assert advice and all(line.startswith(("    - ", "    no ")) for line in advice), advice
+    lines = lines[: header - 1]
     assert len(lines) == 6 + len(prefixes)
     for line, prefix in zip(lines[6:], prefixes, strict=True):
         assert line.startswith(prefix), (line, prefix)

@@ -411,12 +411,15 @@ def build_parser() -> argparse.ArgumentParser:
     from tuneup.compare.commands import add_commands
 
     add_commands(sub, UsageError)
+    from tuneup.advise_cli import add_command
+
+    add_command(sub, UsageError)
     return parser
 
 
 # Commands that read runs and exit. A run's records are millions of small objects without cycles; the
 # cyclic collector would walk them again and again (seconds for a 1,024-rank run) and free nothing.
-_READS_RUNS = frozenset({"report", "show", "compare"})
+_READS_RUNS = frozenset({"report", "show", "compare", "advise"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

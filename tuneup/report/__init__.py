@@ -79,9 +79,19 @@ def analyze(run_dir: str | os.PathLike[str], cost: CostOptions | None = None) ->
 
 def build_report(run_dir: str | os.PathLike[str], cost: CostOptions | None = None) -> dict[str, Any]:
     """The report's JSON document (what report.json holds) for the run at `run_dir`."""
-    from tuneup.analyze.model import to_json
+    return report_document(analyze(run_dir, cost))
 
-    return to_json(analyze(run_dir, cost))
+
+def report_document(analysis: RunAnalysis) -> dict[str, Any]:
+    """report.json's document: the analysis, and the advice on it under "recommendations" (an object, or
+    a string saying why there is none). Readers of the analysis (`from_json`) skip the advice."""
+    from tuneup.analyze.model import to_json
+    from tuneup.report.advice import advice_for
+
+    document = to_json(analysis)
+    advice = advice_for(analysis)
+    document["recommendations"] = advice if isinstance(advice, str) else to_json(advice)
+    return document
 
 
 def write_report(
@@ -158,9 +168,9 @@ def _render_into(analysis: RunAnalysis, scratch: Path, formats: tuple[str, ...])
         plots = render_plots(analysis, scratch)
         names.extend(p.name for p in plots)
     if "json" in formats:
-        from tuneup.analyze.model import to_json
-
-        (scratch / f"{REPORT_BASENAME}.json").write_text(json_text(to_json(analysis)), encoding="utf-8")
+        (scratch / f"{REPORT_BASENAME}.json").write_text(
+            json_text(report_document(analysis)), encoding="utf-8"
+        )
         names.append(f"{REPORT_BASENAME}.json")
     if "md" in formats:
         from tuneup.report.markdown import render_markdown

@@ -76,7 +76,16 @@ class Figure:
     plot: PlotFile
 
 
-Block = Paragraph | Metrics | FindingList | Table | KeyValues | Bullets | Figure
+@dataclass(frozen=True, slots=True)
+class Code:
+    """Code to copy as it stands (a recommendation's Lightning code or YAML), under a short title."""
+
+    title: str
+    text: str
+    language: str = "python"
+
+
+Block = Paragraph | Metrics | FindingList | Table | KeyValues | Bullets | Figure | Code
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import (
     Block,
     Bullets,
+    Code,
     Figure,
     FindingList,
     KeyValues,
@@ -172,6 +173,10 @@ def _block(block: Block) -> _Html:
         return _el("ul", _join([_el("li", item) for item in block.items]), class_="plain")
     if isinstance(block, Figure):
         return _figure(block.plot)
+    if isinstance(block, Code):
+        return _el(
+            "div", _el("p", _el("strong", block.title)), _el("pre", _el("code", block.text)), class_="code"
+        )
     raise TypeError(f"no HTML for block {type(block).__name__}")
 
 
@@ -227,6 +232,9 @@ li.finding p { margin: 4px 0 0; }
   margin-right: 4px; text-transform: uppercase; letter-spacing: 0.03em; background: var(--soft); color: var(--muted); }
 .badge.warning { background: var(--warn-bg); color: var(--warn); }
 .badge.info { background: var(--info-bg); color: var(--info); }
+pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px;
+  overflow-x: auto; font-size: 13px; margin: 4px 0 12px; }
+div.code p { margin: 8px 0 2px; }
 figure { margin: 16px 0; }
 figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
 figcaption { color: var(--muted); font-size: 14px; margin-top: 4px; }

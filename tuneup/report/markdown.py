@@ -19,6 +19,7 @@ from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import (
     Block,
     Bullets,
+    Code,
     Figure,
     FindingList,
     KeyValues,
@@ -108,6 +109,10 @@ def _block(block: Block, image_prefix: str) -> str:
         return "\n".join(f"- {_md(item)}" for item in block.items)
     if isinstance(block, Figure):
         return _figure(block.plot, image_prefix)
+    if isinstance(block, Code):
+        # A fence longer than any run of backticks inside keeps the code from closing it.
+        fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", block.text)), default=0) + 1)
+        return f"**{_md(block.title)}**\n\n{fence}{block.language}\n{block.text}\n{fence}"
     raise TypeError(f"no Markdown for block {type(block).__name__}")
 
 
@@ -118,6 +123,11 @@ def _section(section: Section, image_prefix: str) -> str:
         blocks.sort(key=lambda b: not isinstance(b, FindingList))
     parts = [f"## {_md(section.title)}", *(_block(b, image_prefix) for b in blocks)]
     return "\n\n".join(parts)
+
+
+def render_section(section: Section, image_prefix: str = "") -> str:
+    """One section on its own (`tuneup advise --format md`)."""
+    return _section(section, image_prefix)
 
 
 def render_markdown(analysis: RunAnalysis, plots: Sequence[PlotFile], image_prefix: str = "") -> str:

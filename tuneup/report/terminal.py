@@ -52,6 +52,12 @@ def render_terminal(analysis: RunAnalysis) -> str:
     lines.extend(_communication_lines(analysis.communication))
     lines.extend(_hardware_lines(analysis.telemetry))
     lines.extend(_cost_lines(analysis.cost))
+    if not analysis.warmup.no_steady_state and st.per_rank:
+        from tuneup.report.advice import advice_for, advice_text
+
+        lines.append("")
+        lines.append("  recommendations (tuneup advise RUN_DIR for the code and evidence):")
+        lines.extend(f"    {line}" for line in advice_text(advice_for(analysis), limit=3))
     if analysis.findings:
         lines.append("")
         lines.append("  findings:")

@@ -28,6 +28,7 @@ from tuneup.report.sections import (
     noise_scale,
     operators,
     ranks,
+    recommendations,
     run,
     step_time,
     summary,
@@ -48,6 +49,7 @@ class SectionModule(Protocol):
 
 SECTION_MODULES: tuple[SectionModule, ...] = (
     summary,
+    recommendations,
     timeline,
     run,
     throughput,

@@ -1,0 +1,280 @@
+"""The advice rules for data loading, the interconnect, checkpoints and slow ranks, on recorded runs.
+
+The runs are real (tests/workloads/tiny.py, recorded by the callback); where a case needs a fact this
+machine cannot produce (NCCL, a far-below link, interruptions, a host with many CPUs) the run's analysis
+has that one field replaced, and everything else is what the run measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_workload
+from tuneup.advise import checkpoint, data_loading, interconnect, ranks
+from tuneup.advise.context import AdviceContext
+from tuneup.advise.outcomes import Economics
+from tuneup.analyze.model import Interruptions, LinkCheck, PhaseTime, RunAnalysis
+from tuneup.report import analyze
+
+observe_mod = importlib.import_module("tuneup.advise.observe")
+step_model_mod = importlib.import_module("tuneup.advise.step_model")
+
+
+def context(a: RunAnalysis) -> AdviceContext:
+    o = observe_mod.observe(a)
+    model = step_model_mod.fit_step_model([o])
+    econ = Economics(None, o.tokens_per_sample, None, o.samples_per_step)
+    return AdviceContext(
+        analysis=a, analyses=[a], observation=o, model=model, economics=econ, objective="samples/s"
+    )
+
+
+def with_host(a: RunAnalysis, cpus: int, env: dict[str, str] | None = None) -> RunAnalysis:
+    """The run on a host of `cpus` CPUs that nothing else used (contention cleared), with `env` recorded."""
+    hw = dataclasses.replace(a.run.hardware, cpu_count=cpus)
+    return dataclasses.replace(
+        a,
+        run=dataclasses.replace(a.run, hardware=hw),
+        telemetry=dataclasses.replace(a.telemetry, cpu_contention=[]),
+        environment=dataclasses.replace(a.environment, env=env if env is not None else a.environment.env),
+    )
+
+
+@pytest.fixture(scope="module")
+def starved(tmp_path_factory: pytest.TempPathFactory) -> RunAnalysis:
+    """A data-starved run: collate sleeps 20 ms per batch, num_workers=0, OMP_NUM_THREADS=1."""
+    out = tmp_path_factory.mktemp("starved") / "run"
+    run_workload(out, "--max-steps", "40", "--slow-data-ms", "20")
+    return analyze(out)
+
+
+@pytest.fixture(scope="module")
+def ddp(ddp_straggler_run: Path) -> RunAnalysis:
+    return analyze(ddp_straggler_run)
+
+
+def knobs(ctx: AdviceContext) -> dict[str, str]:
+    return {c.knob: c.reason for c in ctx.considered}
+
+
+# -- data loading ------------------------------------------------------------------------------------
+
+
+def test_data_starved_run_gets_workers_with_the_printed_value(starved: RunAnalysis) -> None:
+    a = with_host(starved, cpus=2, env={"OMP_NUM_THREADS": "1"})
+    assert a.data_loader.num_workers == 0
+    ctx = context(a)
+    (rec,) = data_loading.recommend(ctx)
+    assert rec.id == "data_loading.num_workers"
+    assert rec.gain.value >= 0.05 and rec.gain.low > 0
+    (change,) = [c for c in rec.changes if c.knob == "num_workers"]
+    assert change.current == "0" and change.proposed == "1"  # 2 CPUs, 1 rank: Lightning's bound is 1
+    assert "num_workers=1" in rec.code and "num_workers: 1" in (rec.yaml or "")
+    # The predicted step: the wait falls to max(0, L/w - rest); with one worker and L > rest that is L.
+    o = ctx.observation
+    rest = o.step_mean_ms - o.data_ms
+    expected_step = max(o.data_ms, rest)
+    assert rec.predicted is not None
+    assert rec.predicted.breakdown_ms["data"] == pytest.approx(max(0.0, o.data_ms - rest), rel=1e-6)
+    assert ctx.current.samples_per_s.value * o.step_mean_ms / expected_step == pytest.approx(
+        rec.predicted.samples_per_s.value, rel=0.05
+    )
+    assert any("data wait" in e for e in rec.evidence)
+
+
+def test_workers_compete_with_every_core_taken_by_torch_threads(starved: RunAnalysis) -> None:
+    # A CPU run without OMP_NUM_THREADS: torch computes on every core, so the advice gives the worker a core
+    # of its own (fewer intra-op threads) and its interval covers compute up to twice as slow.
+    ctx = context(with_host(starved, cpus=2, env={}))
+    (rec,) = data_loading.recommend(ctx)
+    assert "torch.set_num_threads(1)" in rec.code
+    assert any(c.knob == "torch intra-op threads" for c in rec.changes)
+    assert rec.confidence == "low"
+
+
+def test_other_processes_on_the_cores_make_it_a_measurement_not_advice(starved: RunAnalysis) -> None:
+    a = with_host(starved, cpus=2, env={})
+    busy = (
+        dataclasses.replace(
+            starved.telemetry.cpu_contention[0], cores=2, others_percent_mean=50.0, contended=True
+        )
+        if starved.telemetry.cpu_contention
+        else None
+    )
+    if busy is None:
+        pytest.skip("the run recorded no host telemetry")
+    a = dataclasses.replace(a, telemetry=dataclasses.replace(a.telemetry, cpu_contention=[busy]))
+    ctx = context(a)
+    assert data_loading.recommend(ctx) == []
+    reason = next(r for k, r in knobs(ctx).items() if k.startswith("num_workers 0 -> 1"))
+    # Loading and training take turns on the one free core: the interval reaches below no gain.
+    assert "[-" in reason
+
+
+def test_negligible_data_wait_gets_no_workers(starved: RunAnalysis) -> None:
+    phases = dict(starved.step_time.phases)
+    phases["data"] = PhaseTime(ms=0.01, share=0.0005)
+    a = with_host(
+        dataclasses.replace(starved, step_time=dataclasses.replace(starved.step_time, phases=phases)), 2
+    )
+    ctx = context(a)
+    assert data_loading.recommend(ctx) == []
+    assert "under 5%" in knobs(ctx)["num_workers"]
+
+
+@pytest.mark.parametrize(
+    ("cpus", "local_ranks", "bound"), [(2, 2, 1), (2, 1, 1), (4, 2, 1), (8, 2, 3), (16, 1, 15)]
+)
+def test_worker_bound_is_lightnings(
+    cpus: int, local_ranks: int, bound: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning.fabric.utilities import data as fabric_data
+
+    monkeypatch.setattr(fabric_data, "_num_cpus_available", lambda: cpus)
+    assert data_loading.lightning_max_workers(cpus, local_ranks) == bound
+    assert fabric_data.suggested_max_num_workers(local_ranks) == bound
+
+
+def test_many_cpus_get_the_fewest_workers_that_hide_the_wait(starved: RunAnalysis) -> None:
+    ctx = context(with_host(starved, cpus=64, env={"OMP_NUM_THREADS": "1"}))
+    (rec,) = data_loading.recommend(ctx)
+    o = ctx.observation
+    rest = o.step_mean_ms - o.data_ms
+    w = int(next(c.proposed for c in rec.changes if c.knob == "num_workers"))
+    assert w == min(63, math.ceil(data_loading.HEADROOM * o.data_ms / rest))
+    assert rec.predicted is not None and rec.predicted.breakdown_ms["data"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_at_lightnings_bound_the_advice_is_to_load_faster(starved: RunAnalysis) -> None:
+    dl = dataclasses.replace(starved.data_loader, num_workers=1)
+    ctx = context(with_host(dataclasses.replace(starved, data_loader=dl), 2))
+    assert data_loading.recommend(ctx) == []
+    assert "already at Lightning's bound of 1" in knobs(ctx)["num_workers"]
+
+
+# -- interconnect ------------------------------------------------------------------------------------
+
+
+def _nccl(a: RunAnalysis, link: LinkCheck | None, env: dict[str, str]) -> RunAnalysis:
+    assert a.communication is not None
+    comm = dataclasses.replace(a.communication, backend="nccl", link=link, late_rank=None)
+    return dataclasses.replace(
+        a,
+        communication=comm,
+        environment=dataclasses.replace(a.environment, env=env),
+        ranks=dataclasses.replace(a.ranks, straggler=None),  # the wait is the link's alone
+    )
+
+
+NVLINK_FAR_BELOW = LinkCheck(
+    name="NVLink4 (H100/H200)",
+    reason="NCCL on one node uses NVLink 4",
+    source=None,
+    measured_busbw_gbytes_per_s=0.2,
+    reference="typical",
+    reference_gbytes_per_s=370.0,
+    ratio=0.2 / 370,
+    far_below=True,
+    summary="measured 0.2 GB/s bus bandwidth against the typical 370-480 GB/s of NVLink4: far below",
+)
+
+
+def test_interconnect_needs_evidence(ddp: RunAnalysis) -> None:
+    ctx = context(ddp)  # gloo, as recorded
+    assert interconnect.recommend(ctx) == []
+    assert "gloo" in knobs(ctx)["NCCL transport"]
+    healthy = dataclasses.replace(NVLINK_FAR_BELOW, far_below=False, summary="within the typical range")
+    ctx = context(_nccl(ddp, healthy, {"NCCL_P2P_DISABLE": "1"}))
+    assert interconnect.recommend(ctx) == []
+    assert "not far below" in knobs(ctx)["NCCL transport"]
+
+
+def test_far_below_link_with_p2p_disabled_unsets_it(ddp: RunAnalysis) -> None:
+    ctx = context(_nccl(ddp, NVLINK_FAR_BELOW, {"NCCL_P2P_DISABLE": "1"}))
+    (rec,) = interconnect.recommend(ctx)
+    assert rec.id == "interconnect.nccl_transport"
+    assert "unset NCCL_P2P_DISABLE" in rec.code
+    assert "NCCL_ALGO" not in rec.code and "NCCL_PROTO" not in rec.code
+    assert rec.gain.value >= 0.05
+    assert any("NCCL_P2P_DISABLE=1" in e for e in rec.evidence)
+
+
+def test_far_below_link_without_a_cause_in_the_record_is_a_diagnostic(ddp: RunAnalysis) -> None:
+    ctx = context(_nccl(ddp, NVLINK_FAR_BELOW, {}))
+    (rec,) = interconnect.recommend(ctx)
+    assert rec.id == "interconnect.check_transport" and rec.confidence == "low"
+    assert "NCCL_DEBUG=INFO" in rec.code
+
+
+# -- checkpoint --------------------------------------------------------------------------------------
+
+
+def _interrupted(
+    a: RunAnalysis, interruptions: int, mtbf_s: float | None, save_s: float, saves: int
+) -> RunAnalysis:
+    run_s = (mtbf_s or 3600.0) * max(1, interruptions)
+    section = Interruptions(
+        segments=[],
+        interruptions=interruptions,
+        downtime_s=None,
+        redone_s=None,
+        lost_s=None,
+        run_s=run_s,
+        checkpoint_save_s=save_s,
+        checkpoint_saves_seen=saves,
+        mtbf_s=mtbf_s,
+        recommended_checkpoint_interval_s=None,
+        example_interval_s=None,
+        example_mtbf_s=86400.0,
+        rule="Young/Daly",
+    )
+    return dataclasses.replace(a, interruptions=section)
+
+
+def test_checkpoint_interval_only_with_a_known_mtbf(starved: RunAnalysis) -> None:
+    ctx = context(starved)  # completed, never interrupted
+    assert checkpoint.recommend(ctx) == []
+    assert "no interruption recorded" in knobs(ctx)["checkpoint interval"]
+    # 4 interruptions in 8 h (MTBF 2 h), a 30 s save, saved every 2 h: tau* = sqrt(2*30*7200)
+    ctx = context(_interrupted(starved, 4, 7200.0, 30.0, 4))
+    (rec,) = checkpoint.recommend(ctx)
+    best = math.sqrt(2 * 30 * 7200)
+    step_s = ctx.observation.step_mean_ms / 1000 * (1 + (starved.timeline.loop_overhead_share or 0.0))
+    assert f"every_n_train_steps={round(best / step_s)}" in rec.code
+    now, then = checkpoint.waste_share(7200, 30, 7200), checkpoint.waste_share(best, 30, 7200)
+    assert rec.gain.value == pytest.approx(1 - then / now)
+    assert rec.gain.low <= rec.gain.value <= rec.gain.high
+    assert rec.objective == "time lost to interruptions"
+
+
+def test_checkpoint_interval_already_near_the_optimum_is_left_alone(starved: RunAnalysis) -> None:
+    best = math.sqrt(2 * 30 * 7200)
+    saves = round(4 * 7200 / best)
+    ctx = context(_interrupted(starved, 4, 7200.0, 30.0, saves))
+    assert checkpoint.recommend(ctx) == []
+    assert "under the 5% threshold" in knobs(ctx)["checkpoint interval"]
+
+
+# -- slow ranks --------------------------------------------------------------------------------------
+
+
+def test_straggler_gives_a_ranks_recommendation(ddp: RunAnalysis) -> None:
+    s = ddp.ranks.straggler
+    assert s is not None and s.rank == 1
+    ctx = context(ddp)
+    (rec,) = ranks.recommend(ctx)
+    assert rec.id == "ranks.slow_rank" and "rank 1" in rec.title
+    assert rec.gain.value == pytest.approx(s.step_ms / (s.step_ms - s.excess_ms) - 1, rel=1e-6)
+    assert rec.gain.low < rec.gain.value < rec.gain.high
+    assert rec.confidence in ("low", "medium") and "diagnostic" in rec.caveats[0]
+
+
+def test_no_straggler_no_ranks_advice(starved: RunAnalysis) -> None:
+    ctx = context(starved)
+    assert ranks.recommend(ctx) == []
+    assert "slow rank" in knobs(ctx)

@@ -1,0 +1,130 @@
+"""Advice: what to change in a recorded run, each change a prediction with its evidence and its code.
+
+Above the analysis (tuneup.analyze) and the catalogs (tuneup.catalog), below the report; no torch. One
+module per question:
+
+- observe: what a run's analysis says about its workload;
+- step_model: how long a step is at another setting (fitted from one or more runs);
+- outcomes: what a setting delivers (samples/s, goodput, $);
+- context: what every advice module reads, and how a proposal becomes a recommendation;
+- batch, data_loading, communication, precision, interconnect, checkpoint, ranks: one kind of advice
+  each, `recommend(ctx) -> list[Recommendation]` (what they looked at and left alone goes to
+  `ctx.considered`);
+- whatif: the same workload on every instance of the catalog;
+- code: the Lightning code that applies a change.
+
+`advise(analyses)` runs them all on the runs of one workload (the first is the current setting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tuneup.advise.model import MIN_GAIN, Advice, Recommendation
+from tuneup.advise.observe import AdviceInputError, observe
+from tuneup.advise.step_model import ModelError, fit_step_model
+from tuneup.analyze.model import CollectiveFit, RunAnalysis
+
+__all__ = ["Advice", "AdviceInputError", "AdviceOptions", "ModelError", "advise"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdviceOptions:
+    min_gain: float = MIN_GAIN
+    link_fits: tuple[CollectiveFit, ...] | None = None  # a link measured elsewhere (a probe run's fits)
+    whatif: bool = True
+    user_catalog: str | None = None  # a CSV of instances to add to the packaged catalog
+    instances: tuple[str, ...] = ()  # limit the what-if to these instance keys (empty: all)
+    target_samples: float | None = None  # for $ to a target in the what-if
+    interruptions_per_hour: float | None = None  # spot interruption rate (the what-if's default if None)
+    global_batch: int | None = None  # the what-if's global batch (default: the run's)
+    nodes: int | None = None  # the what-if's node count (default: 1)
+
+
+def _noise_scale(analysis: RunAnalysis) -> tuple[float | None, tuple[float, float] | None]:
+    """The run's gradient noise scale B_simple and its interval, where it was measured."""
+    ns = analysis.noise_scale
+    if ns is None or ns.b_simple is None or ns.b_simple <= 0:
+        return None, None
+    interval = (ns.ci_low, ns.ci_high) if ns.ci_low is not None and ns.ci_high is not None else None
+    return ns.b_simple, interval
+
+
+def _rules() -> list[Callable[..., list[Recommendation]]]:
+    from tuneup.advise import batch, checkpoint, communication, data_loading, interconnect, precision, ranks
+
+    return [
+        batch.recommend,
+        data_loading.recommend,
+        communication.recommend,
+        precision.recommend,
+        interconnect.recommend,
+        ranks.recommend,
+        checkpoint.recommend,
+    ]
+
+
+def advise(analyses: Sequence[RunAnalysis], options: AdviceOptions | None = None) -> Advice:
+    """Advice for the runs of one workload; `analyses[0]` is the setting to improve. Raises
+    AdviceInputError (a run without a steady state or batch size) or ModelError (runs that are not one
+    workload)."""
+    from tuneup.advise.context import AdviceContext
+    from tuneup.advise.outcomes import Economics
+
+    options = options or AdviceOptions()
+    if not analyses:
+        raise AdviceInputError("no run to advise on; pass a run directory (or report.json)")
+    base = analyses[0]
+    observations = [observe(a) for a in analyses]
+    model = fit_step_model(observations)
+    o = observations[0]
+    b_noise, b_noise_range = _noise_scale(base)
+    usd_per_device_hour = (
+        o.usd_per_hour / o.devices_priced if o.usd_per_hour is not None and o.devices_priced else None
+    )
+    economics = Economics(usd_per_device_hour, o.tokens_per_sample, b_noise, o.samples_per_step)
+    ctx = AdviceContext(
+        analysis=base,
+        analyses=analyses,
+        observation=o,
+        model=model,
+        economics=economics,
+        objective="goodput" if b_noise is not None else "samples/s",
+        min_gain=options.min_gain,
+        b_noise_range=b_noise_range,
+        link_fits=options.link_fits,
+        model_observations=observations,
+    )
+    recommendations: list[Recommendation] = []
+    notes: list[str] = []
+    for rule in _rules():
+        try:
+            recommendations.extend(rule(ctx))
+        except Exception as exc:  # one module's failure must not hide the others' advice
+            notes.append(f"{rule.__module__.rsplit('.', 1)[-1]} advice failed: {type(exc).__name__}: {exc}")
+    recommendations.sort(key=lambda r: r.gain.value, reverse=True)
+    whatif = None
+    if options.whatif:
+        from tuneup.advise.whatif import what_if
+
+        try:
+            whatif = what_if(ctx, options)
+        except Exception as exc:
+            notes.append(f"what-if failed: {type(exc).__name__}: {exc}")
+    if b_noise is None:
+        notes.append(
+            "the gradient noise scale was not measured, so batch advice is judged by samples/s alone, not "
+            "by goodput; a larger batch may need more samples to reach the same loss"
+        )
+    return Advice(
+        runs=[a.run.run_id for a in analyses],
+        objective=ctx.objective,
+        min_gain=options.min_gain,
+        model=model.terms(),
+        current=ctx.current,
+        recommendations=recommendations,
+        considered=list(ctx.considered),
+        whatif=whatif,
+        notes=notes + list(model.notes),
+    )

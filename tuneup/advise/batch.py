@@ -1,0 +1,155 @@
+"""Batch size and gradient accumulation: which per-rank batch and accumulation deliver the most, judged
+by goodput where the gradient noise scale was measured (a batch far above it buys throughput that the
+optimizer cannot use) and by samples/s where it was not, within the GPU's memory.
+
+Candidates: the micro-batch halved, doubled and quadrupled at the same accumulation, and, where the run
+accumulates, a larger micro-batch with fewer micro-batches (the same global batch: no learning-rate
+change, no statistical cost). The best one is recommended if it clears the threshold; the rest are
+listed as considered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tuneup.advise import code
+from tuneup.advise.context import AdviceContext
+from tuneup.advise.model import Change, Recommendation, Setting
+
+# Headroom kept free on the GPU: the caching allocator's fragmentation and the next step's peaks.
+MEMORY_HEADROOM = 0.10
+# Bytes per parameter held whatever the batch: weights, gradients and Adam's two moments in fp32.
+STATE_BYTES_PER_PARAMETER = 16
+
+
+def _memory_line(ctx: AdviceContext) -> tuple[float, float] | None:
+    """(fixed bytes, bytes per sample) of the GPU's peak allocation: fitted where runs at two batch sizes
+    recorded it, else the fixed part from the parameter count."""
+    points = sorted(
+        {
+            (o.batch_size, o.gpu_peak_allocated_bytes)
+            for o in ctx.model_observations
+            if o.gpu_peak_allocated_bytes
+        }
+    )
+    if len({b for b, _ in points}) >= 2:
+        (b0, m0), (b1, m1) = points[0], points[-1]
+        slope = max(0.0, (m1 - m0) / (b1 - b0))
+        return max(0.0, m0 - slope * b0), slope
+    o = ctx.observation
+    if not o.gpu_peak_allocated_bytes:
+        return None
+    fixed = min(o.gpu_peak_allocated_bytes * 0.9, (o.parameters or 0) * STATE_BYTES_PER_PARAMETER)
+    return fixed, (o.gpu_peak_allocated_bytes - fixed) / o.batch_size
+
+
+def _candidates(current: Setting) -> list[Setting]:
+    b, s = current.batch_size, current.accumulate_grad_batches
+    out = [replace(current, batch_size=nb) for nb in (b // 2, b * 2, b * 4) if nb >= 1 and nb != b]
+    for k in (2, 4):  # the same global batch in fewer, larger micro-batches
+        if s % k == 0:
+            out.append(replace(current, batch_size=b * k, accumulate_grad_batches=s // k))
+    return out
+
+
+def _confidence(ctx: AdviceContext, batch: int) -> str:
+    seen = ctx.model.batch_sizes
+    if ctx.model.line.prior:
+        return "low"
+    return "high" if min(seen) <= batch <= max(seen) else "medium"
+
+
+def recommend(ctx: AdviceContext) -> list[Recommendation]:
+    o = ctx.observation
+    current = ctx.setting
+    memory = _memory_line(ctx) if o.on_gpu else None
+    best: tuple[float, Recommendation] | None = None
+    for setting in _candidates(current):
+        knob = f"batch size {current.batch_size} -> {setting.batch_size}" + (
+            f", accumulation {current.accumulate_grad_batches} -> {setting.accumulate_grad_batches}"
+            if setting.accumulate_grad_batches != current.accumulate_grad_batches
+            else ""
+        )
+        caveats: list[str] = []
+        evidence = [
+            f"step {o.step_median_ms:.1f} ms (median) at batch {o.batch_size} x {o.accumulation} micro-batch(es) "
+            f"x {o.world_size} rank(s); compute per micro-batch {o.compute_per_micro_batch_ms:.1f} ms",
+            f"step-time model: compute {ctx.model.line.intercept_ms:.2f} ms + {ctx.model.line.slope_ms:.3f} ms "
+            f"per sample per micro-batch, from batch sizes {', '.join(map(str, ctx.model.batch_sizes))}",
+        ]
+        if memory is not None and o.gpu_mem_total_bytes:
+            fixed, per_sample = memory
+            need = fixed + per_sample * setting.batch_size
+            limit = o.gpu_mem_total_bytes * (1 - MEMORY_HEADROOM)
+            if need > limit:
+                ctx.skip(
+                    knob,
+                    f"predicted peak memory {need / 2**30:.1f} GiB exceeds {limit / 2**30:.1f} GiB "
+                    f"({1 - MEMORY_HEADROOM:.0%} of the GPU's {o.gpu_mem_total_bytes / 2**30:.0f} GiB)",
+                )
+                continue
+            evidence.append(
+                f"memory: peak allocated {o.gpu_peak_allocated_bytes / 2**30:.2f} GiB at batch {o.batch_size}; "
+                f"predicted {need / 2**30:.2f} GiB of {o.gpu_mem_total_bytes / 2**30:.0f} GiB"
+            )
+        elif not o.on_gpu:
+            caveats.append("memory was not checked: on CPU the batch lives in host RAM")
+        proposed = ctx.predict(setting)
+        global_changes = setting.global_batch != current.global_batch
+        if global_changes:
+            k = setting.global_batch / current.global_batch
+            caveats.append(
+                f"the global batch changes from {current.global_batch} to {setting.global_batch}: scale the "
+                f"learning rate with it (linear, x{k:g}, for SGD; square root, x{k**0.5:.2f}, for Adam-family "
+                "optimizers) and re-check convergence"
+            )
+            if ctx.economics.b_noise is None:
+                caveats.append(
+                    "the gradient noise scale was not measured: a larger batch may need more samples to reach "
+                    "the same loss, which samples/s does not show"
+                )
+            elif setting.global_batch > ctx.economics.b_noise:
+                caveats.append(
+                    f"above the gradient noise scale (B_simple ~ {ctx.economics.b_noise:.0f} samples) each extra "
+                    "sample in the batch adds less progress; goodput accounts for it"
+                )
+        if ctx.economics.b_noise is not None:
+            evidence.append(f"gradient noise scale B_simple ~ {ctx.economics.b_noise:.0f} samples")
+        changes = [Change("batch_size", str(current.batch_size), str(setting.batch_size))]
+        accumulation = None
+        if setting.accumulate_grad_batches != current.accumulate_grad_batches:
+            accumulation = setting.accumulate_grad_batches
+            changes.append(
+                Change(
+                    "accumulate_grad_batches",
+                    str(current.accumulate_grad_batches),
+                    str(setting.accumulate_grad_batches),
+                )
+            )
+        rec = ctx.recommendation(
+            id="batch_size",
+            title=(
+                f"Use a per-rank batch of {setting.batch_size}"
+                + (f" with accumulation {accumulation}" if accumulation is not None else "")
+            ),
+            changes=changes,
+            proposed=proposed,
+            evidence=evidence,
+            code=code.batch_size(ctx.namespace, setting.batch_size, accumulation),
+            caveats=caveats,
+            confidence=_confidence(ctx, setting.batch_size),
+            settle=(
+                f"record a run at batch {setting.batch_size} and pass both runs to tuneup advise, which then fits "
+                "compute against batch size instead of assuming it"
+            ),
+        )
+        if rec is not None and (best is None or rec.gain.value > best[0]):
+            if best is not None:
+                ctx.skip(
+                    best[1].title,
+                    f"a better batch setting was found (+{best[0]:.1%} vs +{rec.gain.value:.1%})",
+                )
+            best = (rec.gain.value, rec)
+        elif rec is not None:
+            ctx.skip(rec.title, f"predicted +{rec.gain.value:.1%}, less than another batch setting")
+    return [best[1]] if best else []

@@ -1,0 +1,298 @@
+"""Data loading: how many DataLoader workers hide the input wait, and the loader flags that go with them.
+
+Per micro-batch the run measured a wait for data `d` and the rest of the micro-batch `R` (forward,
+backward and its share of the optimizer and the loop: (mean step − data) / micro-batches). The loader
+needs `L` to produce one batch:
+
+    num_workers = 0          L = d                      (the main process loads, nothing overlaps)
+    num_workers = w₀ > 0     L ≈ w₀ · (d + R)           (the workers are the bottleneck: each delivers one
+                                                          batch per w₀ micro-batches)
+
+`w` workers deliver a batch every L/w while the main process spends R on the micro-batch, so the wait
+becomes
+
+    d(w) = max(0, L/w − R)
+
+which is what the step-time model is given (`data_ms_per_sample = d(w) / batch`). The proposal is the
+fewest workers that hide the wait with a quarter to spare (w ≥ 1.25·L/R, load times vary), never above
+Lightning's own bound, `suggested_max_num_workers`: max(1, CPUs // local ranks − 1), one core left to
+the main process.
+
+Workers only help if they have cores of their own. The rank has c = (host CPUs − the CPUs other
+processes took, from the telemetry's contention figures) / local ranks; its main process keeps 1 busy
+on a GPU run, and on a CPU run as many as torch's intra-op threads (OMP_NUM_THREADS where recorded,
+else every core). Workers beyond c minus those compete with the training: a worker that wakes up
+preempts a compute thread (on CPU, an OpenMP barrier then waits for it). The interval's low end runs
+only the workers that have a core (d(w_eff)); with none, the loading and the training take turns on the
+same cores and the low end is no gain at all. Where that is so the figure quoted is the middle of the
+two ends and the confidence is low.
+
+pin_memory (page-locked host buffers, faster and asynchronous host-to-GPU copies) is proposed on GPU
+runs only; persistent_workers where the loader is re-created (several epochs, validation), since
+workers start again each time otherwise; prefetch_factor (batches each worker keeps ready, 2 by
+default) where the run saw stalls: a deeper queue absorbs a slow batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from tuneup.advise import code
+from tuneup.advise.context import AdviceContext
+from tuneup.advise.model import Change, Predicted, Range, Recommendation
+
+# Below this share of the step, the data wait is not worth a worker (and within a rerun's noise).
+MIN_DATA_SHARE = 0.05
+# Workers to spare beyond L/R: batch load times vary, and a worker that is late shows as a wait.
+HEADROOM = 1.25
+# prefetch_factor proposed where stalls were recorded (PyTorch's default is 2 per worker).
+PREFETCH_WITH_STALLS = 4
+# A logical CPU runs CPU work up to this much slower while its neighbours are busy too (SMT siblings, shared
+# vCPUs, one memory bus): measured on a 2-vCPU VM, two busy processes each ran 1.6-2.0x slower than one.
+BUSY_CPU_SLOWDOWN = 1.8
+# A CPU counts as free to the rank when at most this much of it goes to other processes.
+CORE_SLACK = 0.25
+
+
+def lightning_max_workers(cpu_count: int, local_ranks: int) -> int:
+    """Lightning's `suggested_max_num_workers`: max(1, CPUs // local ranks − 1)."""
+    return max(1, cpu_count // max(1, local_ranks) - 1)
+
+
+def _free_cpus_per_rank(ctx: AdviceContext, cpus: int, local_ranks: int) -> tuple[float, str | None]:
+    """CPUs per local rank left to the training, and a sentence where other processes took some."""
+    taken = [
+        c.others_percent_mean / 100.0 * c.cores
+        for c in ctx.analysis.telemetry.cpu_contention
+        if c.others_percent_mean is not None and c.cores
+    ]
+    others = max(taken) if taken else 0.0
+    free = max(0.0, cpus - others) / local_ranks
+    if others >= 0.25:
+        return free, (
+            f"other processes used {others:.1f} of the host's {cpus} CPUs on average (telemetry): "
+            f"{free:.1f} CPUs per rank left to the training"
+        )
+    return free, None
+
+
+def _main_threads(ctx: AdviceContext, free: float) -> tuple[float, str]:
+    o = ctx.observation
+    if o.on_gpu:
+        return 1.0, "the main process keeps one core busy driving the GPU"
+    omp = ctx.analysis.environment.env.get("OMP_NUM_THREADS")
+    try:
+        threads = float(int(str(omp))) if omp is not None else None
+    except ValueError:
+        threads = None
+    if threads is not None:
+        return min(free, threads), f"the main process computes on {int(threads)} thread(s) (OMP_NUM_THREADS)"
+    return free, "on CPU, torch's intra-op threads take every core of the rank (OMP_NUM_THREADS not set)"
+
+
+def _span(mid: Predicted, *ends: Predicted) -> Predicted:
+    """`mid` with every interval widened to cover the `ends`' intervals."""
+
+    def widen(field: str) -> Range | None:
+        ranges = [getattr(p, field) for p in (mid, *ends)]
+        if any(r is None for r in ranges):
+            return getattr(mid, field)
+        return Range(getattr(mid, field).value, min(r.low for r in ranges), max(r.high for r in ranges))
+
+    return replace(
+        mid,
+        step_ms=widen("step_ms"),
+        samples_per_s=widen("samples_per_s"),
+        usd_per_million_samples=widen("usd_per_million_samples"),
+        usd_per_million_tokens=widen("usd_per_million_tokens"),
+        goodput_samples_per_s=widen("goodput_samples_per_s"),
+    )
+
+
+def recommend(ctx: AdviceContext) -> list[Recommendation]:
+    o = ctx.observation
+    loader = ctx.analysis.data_loader
+    s, b = o.accumulation, o.batch_size
+    share = o.data_ms / o.step_mean_ms if o.step_mean_ms > 0 else 0.0
+    if share < MIN_DATA_SHARE:
+        ctx.skip(
+            "num_workers",
+            f"the data wait is {o.data_ms:.2f} ms of the {o.step_mean_ms:.2f} ms mean step ({share:.1%}), under "
+            f"{MIN_DATA_SHARE:.0%}: more workers cannot buy a measurable gain",
+        )
+        return []
+    w0 = o.num_workers
+    if w0 is None:
+        ctx.skip("num_workers", "the run did not record its DataLoader's num_workers; nothing to change from")
+        return []
+    if not o.cpu_count:
+        ctx.skip("num_workers", "the run did not record the host's CPU count; the workers' bound is unknown")
+        return []
+    d = o.data_ms / s
+    rest = max(1e-6, (o.step_mean_ms - o.data_ms) / s)
+    load = d if w0 == 0 else w0 * (d + rest)
+    cap = lightning_max_workers(o.cpu_count, o.ranks_per_node)
+    if w0 >= cap:
+        ctx.skip(
+            "num_workers",
+            f"num_workers={w0} is already at Lightning's bound of {cap} (max(1, {o.cpu_count} CPUs // "
+            f"{o.ranks_per_node} local rank(s) − 1)); the {d:.1f} ms wait per micro-batch needs faster loading "
+            "itself (profile Dataset.__getitem__ and collate, cache decoded samples) or more CPUs",
+        )
+        return []
+    w = min(cap, max(w0 + 1, math.ceil(HEADROOM * load / rest)))
+
+    free, contention = _free_cpus_per_rank(ctx, o.cpu_count, o.ranks_per_node)
+    main, main_why = _main_threads(ctx, free)
+    cores = math.floor(free + CORE_SLACK)  # whole CPUs left to the rank
+    compute = o.compute_per_micro_batch_ms
+
+    def wait(workers: float, slower: float = 1.0, load_slower: float = 1.0) -> float:
+        # The rest of the micro-batch grows with its compute where fewer threads compute it.
+        return max(0.0, load * load_slower / workers - (rest + compute * (slower - 1.0)))
+
+    cpu_loading = _loading_is_cpu_work(ctx, w0)
+
+    setting = replace(ctx.setting, num_workers=w)
+    threads = None
+    if not o.on_gpu and main + w > free and cores - w >= 1:
+        # A CPU run whose intra-op threads would take the workers' cores: give the workers theirs. Compute
+        # on fewer threads is at most main/threads times slower (perfect scaling); small models scale far
+        # less, so the figure is at no slowdown and the interval reaches the worst.
+        threads = cores - w
+        worst = max(1.0, main / threads)
+        slow_load = BUSY_CPU_SLOWDOWN if cpu_loading else 1.0  # every core of the rank busy
+        low = ctx.predict(
+            setting, Range(worst, worst, worst), data_ms_per_sample=wait(w, worst, slow_load) / b
+        )
+        proposed = _span(ctx.predict(setting, data_ms_per_sample=wait(w) / b), low)
+        competes = False
+    else:
+        w_eff = min(float(w), max(0.0, free - main))
+        competes = w_eff < w
+        high = ctx.predict(setting, data_ms_per_sample=wait(w) / b)
+        if not competes and cpu_loading and w + main >= cores:
+            slow = ctx.predict(setting, data_ms_per_sample=wait(w, 1.0, BUSY_CPU_SLOWDOWN) / b)
+            high = _span(high, slow)
+        if competes:
+            # The low end: only w_eff workers have a core; with none, loading and training take turns.
+            low_wait = wait(w_eff) if w_eff >= 1 else d
+            low = ctx.predict(setting, data_ms_per_sample=low_wait / b)
+            mid = ctx.predict(setting, data_ms_per_sample=(wait(w) + low_wait) / 2 / b)
+            proposed = _span(mid, low, high)
+        else:
+            proposed = high
+
+    how = (
+        f"L = {load:.1f} ms to load one batch (num_workers=0: the measured wait)"
+        if w0 == 0
+        else f"L ≈ {w0} workers × ({d:.1f} + {rest:.1f}) ms = {load:.1f} ms to load one batch"
+    )
+    evidence = [
+        f"data wait {o.data_ms:.1f} ms of the {o.step_mean_ms:.1f} ms mean step ({share:.0%}), "
+        f"{s} micro-batch(es) of {b} per step: {d:.1f} ms per micro-batch against {rest:.1f} ms for the rest of it",
+        f"{how}; {w} worker(s) deliver one every {load / w:.1f} ms: predicted wait max(0, L/w − rest) = "
+        f"{wait(w):.1f} ms per micro-batch",
+        f"{o.cpu_count} CPUs on the host, {o.ranks_per_node} rank(s) on it: Lightning's bound max(1, "
+        f"{o.cpu_count} // {o.ranks_per_node} − 1) = {cap} worker(s)",
+    ]
+    if contention:
+        evidence.append(contention)
+    caveats = []
+    settle = None
+    if competes:
+        caveats.append(
+            f"{main_why}, leaving {max(0.0, free - main):.1f} core(s) for {w} worker(s): they compete with the "
+            "training, so the low end counts only workers with a core of their own (with none, loading and "
+            "training take turns: no gain)"
+        )
+        settle = (
+            f"{main_why} and {free:.1f} CPUs per rank are free, so {w} worker(s) would compete with the "
+            "training; run it with more CPUs per rank (or fewer other processes on the host) and measure"
+        )
+    if threads is not None and cpu_loading:
+        settle = (
+            f"the loading is CPU work and {w} worker(s) with {threads} compute thread(s) keep all {cores} CPUs "
+            "busy, where a CPU can run up to "
+            f"{BUSY_CPU_SLOWDOWN:g}x slower beside busy neighbours; rerun with num_workers={w} and "
+            f"torch.set_num_threads({threads}) and compare samples/s"
+        )
+    changes = [Change("num_workers", str(w0), str(w))]
+    args: dict[str, object] = {"num_workers": w}
+    if threads is not None:
+        changes.append(Change("torch intra-op threads", str(round(main)), str(threads)))
+        evidence.append(
+            f"{main_why}: {threads} thread(s) leave {w} core(s) of the {cores} free to the workers; compute "
+            f"({compute:.1f} ms per micro-batch) may run up to {main / threads:.1f}x slower on them, which "
+            "the interval's low end assumes"
+        )
+    if o.on_gpu and o.pin_memory is False:
+        changes.append(Change("pin_memory", "False", "True"))
+        args["pin_memory"] = True
+    elif not o.on_gpu:
+        ctx.skip("pin_memory", "a CPU run: page-locked memory only speeds host-to-GPU copies")
+    reloads = _loader_restarts(ctx)
+    if o.persistent_workers is not True and reloads:
+        changes.append(Change("persistent_workers", str(o.persistent_workers), "True"))
+        args["persistent_workers"] = True
+        caveats.append(
+            f"persistent_workers keeps the workers alive across {reloads}, instead of starting them again"
+        )
+    elif o.persistent_workers is not True:
+        ctx.skip("persistent_workers", "one epoch and no validation seen: the workers start once either way")
+    if loader.stall_count:
+        changes.append(Change("prefetch_factor", "2", str(PREFETCH_WITH_STALLS)))
+        args["prefetch_factor"] = PREFETCH_WITH_STALLS
+        evidence.append(
+            f"{loader.stall_count} stall(s) (a wait above {loader.stall_threshold_ms or 0:.1f} ms): a deeper queue "
+            "per worker absorbs a slow batch"
+        )
+    else:
+        ctx.skip("prefetch_factor", "no data stalls recorded: the default 2 batches per worker is enough")
+    caveats.append(
+        "each worker holds a copy of the Dataset object and prefetch_factor batches: watch host memory"
+    )
+    python, yaml = code.dataloader_args(args)
+    if threads is not None:
+        python = "import torch\n" + python.replace(
+            "\n\nloader",
+            f"\n\ntorch.set_num_threads({threads})  # in the main process, before fit: {w} core(s) left to the "
+            "workers\nloader",
+        )
+        yaml += f"\n# and torch.set_num_threads({threads}) in the training script (no LightningCLI key)"
+    rec = ctx.recommendation(
+        "data_loading.num_workers",
+        f"Load batches in {w} DataLoader worker(s)",
+        changes,
+        proposed,
+        evidence,
+        (python, yaml),
+        caveats=caveats,
+        confidence="low" if competes or threads is not None else "medium",
+        settle=settle,
+    )
+    return [rec] if rec is not None else []
+
+
+def _loading_is_cpu_work(ctx: AdviceContext, w0: int) -> bool:
+    """Whether the loading keeps a CPU busy: with num_workers=0 the main process loads, and a rank whose
+    process kept a whole core busy on average (telemetry) computed while it loaded. Unknown counts as CPU work."""
+    cpu = [p.cpu_percent_mean for p in ctx.analysis.telemetry.processes if p.cpu_percent_mean is not None]
+    if w0 != 0 or not cpu:
+        return True
+    return sum(cpu) / len(cpu) >= 95.0
+
+
+def _loader_restarts(ctx: AdviceContext) -> str | None:
+    """Why the training loader's workers would start more than once, from the run's own record."""
+    run = ctx.analysis.run
+    timeline = ctx.analysis.timeline
+    validations = 0
+    if timeline is not None:
+        validations = next((p.count or 0 for p in timeline.parts if p.name == "validation"), 0)
+    if validations:
+        return f"the {validations} validation run(s) recorded"
+    if run.max_epochs is not None and run.max_epochs > 1:
+        return f"{run.max_epochs} epochs (max_epochs)"
+    return None

@@ -1,0 +1,173 @@
+"""The advice's typed result: recommendations, what was looked at and left alone, the step-time model's
+terms and the what-if over instances, one frozen dataclass each.
+
+These sit above the run's analysis (tuneup.analyze.model) and are written with its JSON rules
+(`to_json`, `decimals`, `significant`): report.json carries them under "recommendations", and
+`tuneup advise --format json` prints the same document. A relative change is a fraction of 1: +0.25 is
+25% more (samples/s) or 25% longer (step time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tuneup.analyze.model import decimals, significant
+
+# A recommendation is made only when its predicted gain is at least this (AdaptDL's hysteresis is 5% too):
+# below it, a change is within what a rerun of the same settings can show.
+MIN_GAIN = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """A predicted figure and its interval (roughly 90%: the fit's uncertainty and the model's own error)."""
+
+    value: float = significant(5)
+    low: float = significant(5)
+    high: float = significant(5)
+
+    def scaled(self, factor: float) -> Range:
+        lo, hi = sorted((self.low * factor, self.high * factor))
+        return Range(self.value * factor, lo, hi)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """The knobs that the step-time model predicts for. Batch size is per rank and micro-batch."""
+
+    batch_size: int
+    accumulate_grad_batches: int
+    world_size: int
+    precision: str | None = None
+    num_workers: int | None = None
+    comm_bytes_factor: float = 1.0  # what a compressing hook sends per byte of gradient (fp16: 0.5)
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.accumulate_grad_batches * self.world_size
+
+
+@dataclass(frozen=True, slots=True)
+class Predicted:
+    """What a setting delivers, as the model predicts it."""
+
+    step_ms: Range  # the typical (median) training step
+    samples_per_s: Range  # all ranks, at the mean step
+    usd_per_million_samples: Range | None = None
+    usd_per_million_tokens: Range | None = None
+    # Throughput times the statistical efficiency at this global batch (Pollux), where the gradient noise
+    # scale was measured: samples/s worth as much progress as the current batch's samples.
+    goodput_samples_per_s: Range | None = None
+    statistical_efficiency: float | None = decimals(4, None)
+    breakdown_ms: dict[str, float] | None = decimals(3, None)  # the model's terms for this setting
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    knob: str  # e.g. "batch_size", "accumulate_grad_batches", "num_workers", "precision", "ddp_comm_hook"
+    current: str
+    proposed: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    id: str
+    title: str
+    changes: list[Change]
+    objective: str  # what `gain` is of: "samples/s", "goodput", "time lost to interruptions", ...
+    gain: Range  # the objective's predicted relative change (+0.2: 20% better)
+    confidence: str  # "high", "medium", "low": how much of the prediction was measured rather than assumed
+    evidence: list[str]  # the figures of the run(s) it rests on
+    code: str  # the exact Lightning code (Trainer / DataLoader / strategy arguments)
+    yaml: str | None  # the same as a LightningCLI YAML fragment, where it has one
+    caveats: list[str] = field(default_factory=list)
+    current: Predicted | None = None  # the model at the run's own setting (None for advice without one)
+    predicted: Predicted | None = None
+    cost_change: Range | None = None  # relative change in $ per 1M samples (negative: cheaper)
+
+
+@dataclass(frozen=True, slots=True)
+class Considered:
+    """A knob that was looked at and left alone, and why (below the threshold, no evidence, not possible)."""
+
+    knob: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTerms:
+    """The fitted step-time model (tuneup/advise/step_model.py), per training step unless named otherwise."""
+
+    runs: int
+    batch_sizes: list[int]
+    world_sizes: list[int]
+    compute_intercept_ms: float = decimals(3)  # per micro-batch: forward and backward at batch size 0
+    compute_ms_per_sample: float = decimals(5)  # per micro-batch, per sample
+    compute_prior: str | None  # how an unidentifiable term was fixed (one batch size seen), else None
+    backward_share: float = decimals(4)  # of a micro-batch's compute: what communication can overlap
+    data_ms_per_sample: float = decimals(5)
+    optimizer_ms: float = decimals(3)
+    other_ms: float = decimals(3)  # sync and the loop's own time per step
+    sync_ms: float | None = decimals(3)  # the collectives' time per step from the link fit (None: one rank)
+    exposed_comm_ms: float | None = decimals(3)
+    interference_ms: float | None = decimals(3)  # compute slowed by concurrent collectives, where measured
+    overlap_gamma: float | None = decimals(3)
+    fit_error: float | None = decimals(4)  # the largest relative error on the runs it was fitted to
+    median_over_mean: float = decimals(4)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfRow:
+    """One instance (or interconnect) for the same workload, as the model predicts it."""
+
+    instance: str
+    provider: str
+    gpu: str
+    gpus: int
+    nodes: int
+    usd_per_hour: float = significant(6)
+    fits_in_memory: bool | None
+    step_ms: Range | None
+    samples_per_s: Range | None
+    goodput_samples_per_s: Range | None
+    usd_per_million_samples: Range | None
+    usd_to_target: Range | None
+    spot: bool = False
+    # Expected share of paid time lost to spot interruptions (checkpoint saves and redone work, at the
+    # Young/Daly interval); the row's $ figures include it, its step and samples/s do not.
+    rework_share: float | None = decimals(4, None)
+    note: str | None = None
+    usd_per_million_tokens: Range | None = None
+    global_batch: int | None = None  # may differ from WhatIf.global_batch where it does not divide (note)
+    batch_size: int | None = None  # per rank and micro-batch
+    accumulate_grad_batches: int | None = None
+    link: str | None = None  # the link the gradients' all-reduce is predicted over (None: one GPU)
+    compute_scale: float | None = decimals(4, None)  # compute time here / on the run's GPU
+    peak_memory_gib: float | None = decimals(2, None)  # predicted per GPU
+    statistical_efficiency: float | None = decimals(4, None)  # E(B) at this global batch (noise scale known)
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    global_batch: int
+    nodes: int
+    target: str | None  # e.g. "1e9 tokens": what usd_to_target is for
+    assumptions: list[str]
+    rows: list[WhatIfRow]  # best first
+    excluded: list[Considered]  # instances left out, and why
+    ranked_by: str
+    catalog: str | None = None  # the catalog version (and the user's file) the prices come from
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    runs: list[str]  # run ids the advice rests on
+    objective: str
+    min_gain: float = decimals(3)
+    model: ModelTerms | None
+    current: Predicted | None
+    recommendations: list[Recommendation]
+    considered: list[Considered]
+    whatif: WhatIf | None = None
+    notes: list[str] = field(default_factory=list)

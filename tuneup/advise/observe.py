@@ -1,0 +1,167 @@
+"""What one run's analysis says about its workload, in the terms the step-time model and the advice use:
+per-step phase times, the batch, the collectives, compute, price and memory. Read from `RunAnalysis`
+alone, so that advice can be given from a report.json as well as from a run directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneup.analyze.model import CollectiveFit, RunAnalysis
+
+
+class AdviceInputError(ValueError):
+    """A run cannot be advised on (no steady steps, no batch size): names the problem and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    run_id: str
+    batch_size: int  # per rank and micro-batch
+    accumulation: int
+    world_size: int
+    num_nodes: int
+    precision: str | None
+    on_gpu: bool
+    gpu_name: str | None
+    step_mean_ms: float
+    step_median_ms: float
+    # Mean per training step over all ranks (phases of the step clock); backward holds the wait for
+    # exposed collectives, which `exposed_ms` says.
+    data_ms: float
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    sync_ms: float
+    other_ms: float
+    comm_ms: float | None  # the collectives' summed durations per step
+    exposed_ms: float | None
+    comm_bytes: float | None  # per step and rank
+    bucket_bytes: tuple[int, ...]  # one steady step's collectives, in launch order
+    fits: tuple[CollectiveFit, ...]
+    backend: str | None
+    samples_per_s: float | None
+    tokens_per_sample: float | None
+    flops_per_sample: float | None
+    mfu: float | None
+    peak_tflops_per_device: float | None
+    usd_per_hour: float | None  # the whole run (every device it used)
+    devices_priced: int | None
+    parameters: int | None
+    gpu_peak_allocated_bytes: int | None
+    gpu_mem_total_bytes: int | None
+    cpu_count: int | None
+    ranks_per_node: int
+    num_workers: int | None
+    pin_memory: bool | None
+    persistent_workers: bool | None
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.batch_size * self.accumulation * self.world_size
+
+    @property
+    def compute_per_micro_batch_ms(self) -> float:
+        """Forward and backward of one micro-batch, without the exposed wait for collectives."""
+        exposed = self.exposed_ms or 0.0
+        return max(0.0, self.forward_ms + self.backward_ms - exposed) / self.accumulation
+
+
+def observe(analysis: RunAnalysis) -> Observation:
+    """The workload figures of an analysed run. Raises AdviceInputError when the run cannot carry advice."""
+    run = analysis.run
+    step = analysis.step_time
+    if analysis.warmup.no_steady_state or step.mean_ms is None or step.median_ms is None:
+        why = analysis.warmup.no_steady_state or "no steady steps were recorded"
+        raise AdviceInputError(
+            f"run {run.run_id} has no steady state to advise on ({why}); record more steps (100 or more "
+            "after warm-up) and run tuneup advise again"
+        )
+    batch = run.batch_size_per_rank or analysis.data_loader.batch_size
+    tp = analysis.throughput
+    if not batch and tp.samples_per_s and tp.steps_per_s:
+        # No batch size in the manifest: the samples each rank counted per micro-batch.
+        per_step = tp.samples_per_s / tp.steps_per_s / max(1, run.world_size)
+        batch = round(per_step / max(1, run.accumulate_grad_batches)) or None
+    if not batch:
+        raise AdviceInputError(
+            f"run {run.run_id} did not record its batch size; give the DataLoader a batch_size (or the "
+            "LightningModule a `batch_size` attribute) so tuneup can record it"
+        )
+    phases = step.phases
+
+    def phase(name: str) -> float:
+        p = phases.get(name)
+        return p.ms if p is not None else 0.0
+
+    comm = analysis.communication
+    comm_ms = exposed = comm_bytes = None
+    bucket_bytes: tuple[int, ...] = ()
+    fits: tuple[CollectiveFit, ...] = ()
+    backend = None
+    if comm is not None and run.world_size > 1:
+        comm_ms, exposed = comm.comm_ms_per_step, comm.exposed_ms_per_step
+        per_step = [r.bytes_per_step for r in comm.per_rank if r.bytes_per_step is not None]
+        comm_bytes = sum(per_step) / len(per_step) if per_step else None
+        # The steady step's buckets: the most frequent size of each bucket index (DDP rebuilds its buckets
+        # once, after the first step, so the first step's sizes differ).
+        by_bucket: dict[int, tuple[int, int]] = {}
+        for b in comm.per_bucket:
+            if b.bucket not in by_bucket or b.count > by_bucket[b.bucket][1]:
+                by_bucket[b.bucket] = (b.bytes, b.count)
+        bucket_bytes = tuple(v[0] for _, v in sorted(by_bucket.items()))
+        fits = tuple(comm.fits)
+        backend = comm.backend
+    cost = analysis.cost
+    flops = cost.flops if cost is not None else None
+    price = cost.price if cost is not None and cost.priced else None
+    throughput = analysis.throughput
+    tokens_per_sample = (
+        throughput.tokens_per_s / throughput.samples_per_s
+        if throughput.tokens_per_s and throughput.samples_per_s
+        else None
+    )
+    loader = analysis.data_loader
+    hw = run.hardware
+    mem_totals = [g.mem_total_bytes for g in analysis.telemetry.gpus if g.mem_total_bytes]
+    ranks_per_node = max(1, run.world_size // max(1, run.num_nodes))
+    return Observation(
+        run_id=run.run_id,
+        batch_size=int(batch),
+        accumulation=max(1, run.accumulate_grad_batches),
+        world_size=run.world_size,
+        num_nodes=run.num_nodes,
+        precision=run.precision,
+        on_gpu=bool(run.accelerator and "cuda" in run.accelerator.lower())
+        or bool(run.accelerator and "gpu" in run.accelerator.lower()),
+        gpu_name=hw.gpu_names[0] if hw.gpu_names else None,
+        step_mean_ms=step.mean_ms,
+        step_median_ms=step.median_ms,
+        data_ms=phase("data"),
+        forward_ms=phase("forward"),
+        backward_ms=phase("backward"),
+        optimizer_ms=phase("optimizer"),
+        sync_ms=phase("sync"),
+        other_ms=phase("other"),
+        comm_ms=comm_ms,
+        exposed_ms=exposed,
+        comm_bytes=comm_bytes,
+        bucket_bytes=bucket_bytes,
+        fits=fits,
+        backend=backend,
+        samples_per_s=throughput.samples_per_s,
+        tokens_per_sample=tokens_per_sample,
+        flops_per_sample=flops.flops_per_sample if flops is not None else None,
+        mfu=flops.mfu if flops is not None else None,
+        peak_tflops_per_device=flops.peak_tflops_per_device if flops is not None else None,
+        usd_per_hour=price.usd_per_hour if price is not None else None,
+        devices_priced=price.devices if price is not None else None,
+        parameters=run.parameters,
+        gpu_peak_allocated_bytes=analysis.telemetry.gpu_allocated_peak_bytes,
+        gpu_mem_total_bytes=min(mem_totals) if mem_totals else None,
+        cpu_count=hw.cpu_count,
+        ranks_per_node=ranks_per_node,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        persistent_workers=loader.persistent_workers,
+    )

@@ -1,0 +1,76 @@
+"""What does a setting deliver? The step-time model's step turned into samples/s, goodput and dollars.
+
+    samples/s   = world size × batch × accumulation / mean step
+    goodput     = samples/s × E(B),  E(B) = (B_noise + B₀)/(B_noise + B)   (Pollux; B₀ the run's global batch)
+    $ / 1M      = price per hour of the setting's devices / 3600 / samples/s × 1e6
+
+The price of another world size is the run's price per device times the new device count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneup.advise.model import Predicted, Range, Setting
+from tuneup.advise.step_model import StepPrediction
+from tuneup.analyze.noise_scale import statistical_efficiency
+
+
+@dataclass(frozen=True, slots=True)
+class Economics:
+    """What the figures are priced and weighed with: the run's price and the measured noise scale."""
+
+    usd_per_device_hour: float | None
+    tokens_per_sample: float | None
+    b_noise: float | None  # the gradient noise scale B_simple, in samples
+    b_reference: int  # the global batch whose statistical efficiency is 1
+
+
+def outcome(setting: Setting, step: StepPrediction, econ: Economics) -> Predicted:
+    samples = setting.global_batch
+    mean = step.mean_ms
+    # samples/s falls as the step grows: the interval's ends swap.
+    rate = Range(samples * 1000.0 / mean.value, samples * 1000.0 / mean.high, samples * 1000.0 / mean.low)
+    usd_samples = usd_tokens = goodput = None
+    efficiency = None
+    if econ.usd_per_device_hour is not None:
+        usd_per_s = econ.usd_per_device_hour * setting.world_size / 3600.0
+        usd_samples = Range(
+            usd_per_s / rate.value * 1e6, usd_per_s / rate.high * 1e6, usd_per_s / rate.low * 1e6
+        )
+        if econ.tokens_per_sample:
+            usd_tokens = usd_samples.scaled(1.0 / econ.tokens_per_sample)
+    if econ.b_noise is not None:
+        efficiency = statistical_efficiency(econ.b_noise, econ.b_reference, samples)
+        goodput = rate.scaled(efficiency)
+    return Predicted(
+        step_ms=step.median_ms,
+        samples_per_s=rate,
+        usd_per_million_samples=usd_samples,
+        usd_per_million_tokens=usd_tokens,
+        goodput_samples_per_s=goodput,
+        statistical_efficiency=efficiency,
+        breakdown_ms=dict(step.terms_ms),
+    )
+
+
+def relative_gain(current: Predicted, proposed: Predicted, objective: str) -> Range:
+    """The objective's relative change from the model's own figure at the current setting (the model's
+    bias at this workload cancels); the interval is the proposed setting's."""
+    base = _objective(current, objective)
+    new = _objective(proposed, objective)
+    return Range(new.value / base.value - 1, new.low / base.value - 1, new.high / base.value - 1)
+
+
+def _objective(p: Predicted, objective: str) -> Range:
+    if objective == "goodput" and p.goodput_samples_per_s is not None:
+        return p.goodput_samples_per_s
+    return p.samples_per_s
+
+
+def cost_change(current: Predicted, proposed: Predicted) -> Range | None:
+    if current.usd_per_million_samples is None or proposed.usd_per_million_samples is None:
+        return None
+    base = current.usd_per_million_samples.value
+    new = proposed.usd_per_million_samples
+    return Range(new.value / base - 1, new.low / base - 1, new.high / base - 1)

@@ -1,0 +1,77 @@
+"""Precision: bf16-mixed (or TF32 matmuls) for a 32-true run on a GPU with tensor cores for them.
+
+The compute of a bf16 step is predicted from the 32-bit one between two bounds: the ratio of the GPU's
+dense peaks (the matmuls reach the same fraction of the bf16 peak as they did of the fp32 one: the most
+it can gain) and one half (the step is bound by memory traffic, whose bytes halve). The point is the
+geometric mean of the two. Small steps gain less than either says: the host's launch work does not
+shrink with precision, which the interval's upper end (one half) bounds only loosely; the GPU check
+measured it on an H200 (benchmarks/gpu_check.py).
+
+Never on a CPU without AVX512-BF16 or AMX, where bf16 autocast is more than 2x slower (pytorch #86270).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from tuneup.advise import code
+from tuneup.advise.context import AdviceContext
+from tuneup.advise.model import Change, Range, Recommendation
+from tuneup.catalog.gpus import load_gpu_specs, match_gpu, peak_tflops_for_precision
+
+MEMORY_BOUND_SCALE = 0.5  # bytes halve: the least a memory-bound step gains
+
+
+def compute_scale(from_peak: float, to_peak: float) -> Range:
+    """Compute time at the new precision over the old: between the peaks' ratio and one half."""
+    best = from_peak / to_peak
+    worst = max(best, MEMORY_BOUND_SCALE)
+    return Range(math.sqrt(best * worst), best, worst)
+
+
+def recommend(ctx: AdviceContext) -> list[Recommendation]:
+    o = ctx.observation
+    precision = (o.precision or "").lower()
+    if not o.on_gpu:
+        ctx.skip(
+            "precision",
+            "CPU run: bf16 autocast is over 2x slower on CPUs without AVX512-BF16 or AMX (pytorch #86270), and "
+            "this run's CPU flags were not recorded; keep 32-true",
+        )
+        return []
+    if precision not in ("32-true", "32", "32-mixed"):
+        ctx.skip("precision", f"already {o.precision}")
+        return []
+    spec = match_gpu(o.gpu_name, specs=load_gpu_specs()) if o.gpu_name else None
+    if spec is None:
+        ctx.skip("precision", f"GPU {o.gpu_name!r} is not in the catalog: its bf16 peak is unknown")
+        return []
+    fp32, _ = peak_tflops_for_precision(spec, "32-true")
+    bf16, _ = peak_tflops_for_precision(spec, "bf16-mixed")
+    if not fp32 or not bf16 or bf16 <= fp32 * 1.5:
+        ctx.skip("precision", f"{spec.name} has no bf16 tensor cores faster than fp32")
+        return []
+    scale = compute_scale(fp32, bf16)
+    proposed = ctx.predict(replace(ctx.setting, precision="bf16-mixed"), compute_scale=scale)
+    evidence = [
+        f"{spec.name}: dense peak {bf16:g} TFLOP/s in bf16 against {fp32:g} in fp32",
+        f"compute {o.forward_ms + o.backward_ms:.1f} ms of the {o.step_median_ms:.1f} ms step"
+        + (f"; MFU {o.mfu:.0%} of the fp32 peak" if o.mfu is not None else ""),
+        f"predicted compute x{scale.value:.2f} (between x{scale.low:.3f}, the peaks' ratio, and x{scale.high:.2f}, "
+        "memory-bound)",
+    ]
+    rec = ctx.recommendation(
+        id="precision_bf16",
+        title="Train in bf16-mixed",
+        changes=[Change("precision", o.precision or "32-true", "bf16-mixed")],
+        proposed=proposed,
+        evidence=evidence,
+        code=code.trainer_args(ctx.namespace, {"precision": "bf16-mixed"}),
+        caveats=[
+            "bf16 keeps fp32's range but has 8 bits of mantissa: compare the loss curve with a 32-true run",
+            "small steps gain less: the host's per-step work does not shrink with precision",
+        ],
+        confidence="low",
+    )
+    return [rec] if rec is not None else []

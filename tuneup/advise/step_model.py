@@ -1,0 +1,420 @@
+"""How long is a training step at another batch size, accumulation, world size, gradient compression or
+link? A step-time model fitted from one or more recorded runs of the same workload.
+
+The model (Pollux/AdaptDL's, with the terms tuneup measures):
+
+    micro-batch compute  C(b) = α + β·b            forward and backward, per rank
+    data wait            D(b) = δ·b                per micro-batch, the loader as it ran
+    collectives          S    = Σ_buckets T(kind, p, bytes·f; α_link, β_link)   the link's alpha-beta fit
+    last micro-batch     T_opt = F + (B^γ + S^γ)^(1/γ) + I·S/S₀
+    step                 T = s·D(b) + (s−1)·C(b) + T_opt + optimizer + other
+
+F and B are the forward and backward shares of C(b); s the micro-batches per step; p the world size; f the
+bytes a compressing hook sends per byte of gradient. γ ≥ 1 says how well the collectives overlap backward
+(γ = 1: not at all; large: fully), fitted from the exposed wait the run measured against S. I is
+*interference*: compute made slower by concurrent collectives (on CPU they share cores and memory
+bandwidth; on GPUs NCCL kernels share SMs). It is measured only where runs at one rank and at several
+ranks are both given (the same batch size's compute, with and without collectives); otherwise it is
+inside C(b) and does not change with S, which the model says in its notes.
+
+With one batch size seen, α and β cannot both be known: AdaptDL fixes α at half the compute, and the
+interval spans α from 0 (compute proportional to the batch) to all of it (compute fixed).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tuneup.advise.model import ModelTerms, Range, Setting
+from tuneup.advise.observe import Observation
+from tuneup.analyze.interconnect import model_time_s
+from tuneup.analyze.model import CollectiveFit
+
+# The model's own error where nothing better is known: how far Pollux-style models land on held-out
+# settings (Echo 8%, Habitat 12% across GPU types; 3-5% for a refit on the same hardware).
+MODEL_ERROR = 0.05
+# Two-sided ~90% interval from a standard error.
+Z90 = 1.645
+GAMMA_MAX = 20.0  # beyond this the overlap is complete for any practical purpose
+
+
+class ModelError(ValueError):
+    """The runs cannot make one model (different workloads): names them."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepPrediction:
+    mean_ms: Range
+    median_ms: Range
+    terms_ms: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    intercept_ms: float
+    slope_ms: float
+    # For the interval: (intercept, slope) pairs at the ends of what the data allow, or a standard error.
+    extremes: tuple[tuple[float, float], ...] = ()
+    se_ms: float | None = None
+    n: int = 0
+    mean_b: float = 0.0
+    sxx: float = 0.0
+    prior: str | None = None
+
+    def at(self, b: float) -> float:
+        return self.intercept_ms + self.slope_ms * b
+
+    def spread(self, b: float) -> tuple[float, float]:
+        """(low, high) of C(b) from the fit alone."""
+        value = self.at(b)
+        if self.extremes:
+            values = [a + s * b for a, s in self.extremes]
+            return min(*values, value), max(*values, value)
+        if self.se_ms is not None and self.n > 2:
+            half = Z90 * self.se_ms * math.sqrt(1 / self.n + (b - self.mean_b) ** 2 / max(self.sxx, 1e-12))
+            return value - half, value + half
+        return value, value
+
+
+def _fit_line(points: Sequence[tuple[float, float]]) -> _Line:
+    """C(b) from (batch size, compute ms) points; one distinct batch size -> AdaptDL's prior."""
+    sizes = {b for b, _ in points}
+    if len(sizes) == 1:
+        b = points[0][0]
+        c = statistics.fmean(v for _, v in points)
+        return _Line(
+            intercept_ms=c / 2,
+            slope_ms=c / (2 * b),
+            extremes=((0.0, c / b), (c, 0.0)),
+            prior=(
+                f"one batch size seen ({int(b)}): compute at batch size 0 fixed at half the measured compute "
+                "(AdaptDL's prior); the interval spans compute proportional to the batch and compute fixed"
+            ),
+        )
+    n = len(points)
+    mean_b = statistics.fmean(b for b, _ in points)
+    mean_c = statistics.fmean(c for _, c in points)
+    sxx = sum((b - mean_b) ** 2 for b, _ in points)
+    slope = sum((b - mean_b) * (c - mean_c) for b, c in points) / sxx
+    slope = max(0.0, slope)  # compute never falls as the batch grows
+    intercept = max(0.0, mean_c - slope * mean_b)
+    residuals = [c - (intercept + slope * b) for b, c in points]
+    se = math.sqrt(sum(r * r for r in residuals) / (n - 2)) if n > 2 else None
+    return _Line(intercept, slope, se_ms=se, n=n, mean_b=mean_b, sxx=sxx)
+
+
+def _solve_gamma(backward_ms: float, sync_ms: float, exposed_ms: float) -> float:
+    """γ with (B^γ + S^γ)^(1/γ) = B + E: how well the collectives overlapped backward."""
+    if sync_ms <= 0 or backward_ms <= 0:
+        return GAMMA_MAX
+    target = backward_ms + exposed_ms
+    if target >= backward_ms + sync_ms:  # nothing overlapped
+        return 1.0
+    if target <= max(backward_ms, sync_ms) * (1 + 1e-9):
+        return GAMMA_MAX
+
+    def combined(g: float) -> float:
+        top = max(backward_ms, sync_ms)
+        return top * ((backward_ms / top) ** g + (sync_ms / top) ** g) ** (1 / g)
+
+    lo, hi = 1.0, GAMMA_MAX  # combined() falls as γ grows
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if combined(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def overlapped_ms(backward_ms: float, sync_ms: float, gamma: float) -> float:
+    if sync_ms <= 0:
+        return backward_ms
+    if backward_ms <= 0:
+        return sync_ms
+    top = max(backward_ms, sync_ms)
+    return top * ((backward_ms / top) ** gamma + (sync_ms / top) ** gamma) ** (1 / gamma)
+
+
+def sync_ms(
+    fits: Sequence[CollectiveFit], bucket_bytes: Sequence[float], world_size: int, bytes_factor: float = 1.0
+) -> float | None:
+    """The collectives of one step, from the link's alpha-beta fit: the sum over buckets (DDP runs its
+    buckets' all-reduces one after another on one stream)."""
+    if world_size <= 1:
+        return 0.0
+    fit = next((f for f in fits if f.kind == "all_reduce"), None) or (fits[0] if fits else None)
+    if fit is None or fit.alpha_us is None or fit.beta_ns_per_byte is None or not bucket_bytes:
+        return None
+    total_s = sum(
+        model_time_s(fit.kind, world_size, b * bytes_factor, fit.alpha_us * 1e-6, fit.beta_ns_per_byte * 1e-9)
+        for b in bucket_bytes
+    )
+    return total_s * 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeModel:
+    base: Observation  # the run whose setting is "current"
+    line: _Line
+    backward_share: float
+    data_ms_per_sample: float
+    optimizer_ms: float
+    other_ms: float
+    fits: tuple[CollectiveFit, ...]
+    bucket_bytes: tuple[float, ...]
+    gamma: float | None
+    gamma_known: bool
+    base_sync_ms: float | None
+    interference_ms: dict[int, float]  # world size -> compute slowed by collectives, per step
+    interference_known: bool
+    median_over_mean: float
+    fit_error: float | None
+    runs: int
+    world_sizes: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    notes: list[str] = field(default_factory=list)
+
+    # -- prediction ----------------------------------------------------------------------------------
+
+    def setting(self) -> Setting:
+        b = self.base
+        return Setting(b.batch_size, b.accumulation, b.world_size, b.precision, b.num_workers)
+
+    def predict(
+        self,
+        setting: Setting,
+        compute_scale: Range | None = None,
+        data_ms_per_sample: float | None = None,
+        fits: Sequence[CollectiveFit] | None = None,
+    ) -> StepPrediction:
+        """The step at `setting`. `compute_scale` multiplies compute (another precision or GPU);
+        `data_ms_per_sample` replaces the loader's wait; `fits` another link's alpha-beta."""
+        b, s, p = setting.batch_size, setting.accumulate_grad_batches, setting.world_size
+        scale = compute_scale or Range(1.0, 1.0, 1.0)
+        compute = self.line.at(b)
+        c_lo, c_hi = self.line.spread(b)
+        delta = self.data_ms_per_sample if data_ms_per_sample is None else data_ms_per_sample
+        data = s * delta * b
+        sync = sync_ms(
+            fits if fits is not None else self.fits, self.bucket_bytes, p, setting.comm_bytes_factor
+        )
+        sync_unknown = sync is None
+        sync = sync or 0.0
+
+        def step(c: float, k: float, gamma: float | None) -> tuple[float, dict[str, float]]:
+            c *= k
+            fwd, bwd = c * (1 - self.backward_share), c * self.backward_share
+            g = gamma if gamma is not None else GAMMA_MAX
+            last = fwd + overlapped_ms(bwd, sync, g)
+            interference = self._interference(p, sync)
+            total = data + (s - 1) * c + last + interference + self.optimizer_ms + self.other_ms
+            terms = {
+                "data": data,
+                "compute": s * c,
+                "exposed_comm": last - fwd - bwd,
+                "interference": interference,
+                "optimizer": self.optimizer_ms,
+                "other": self.other_ms,
+                "sync_model": sync,
+            }
+            return total, terms
+
+        gamma = self.gamma
+        if gamma is None and p > 1 and not self.base.on_gpu and (self.base.cpu_count or 0) / p < 2:
+            # A CPU rank without a spare core: gloo's reduction and copies run on the cores that compute,
+            # so the collectives add to backward instead of hiding behind it.
+            gamma = 1.0
+        mid, terms = step(compute, scale.value, gamma)
+        # The interval: the fit's compute range at the scale's ends and, where γ was not measured, overlap
+        # anywhere from none to complete.
+        gammas = (self.gamma,) if self.gamma_known or p <= 1 else (1.0, GAMMA_MAX)
+        ends = [step(c, k, g)[0] for c in (c_lo, c_hi) for k in (scale.low, scale.high) for g in gammas]
+        lo, hi = min(*ends, mid), max(*ends, mid)
+        err = MODEL_ERROR if self.fit_error is None else max(MODEL_ERROR, self.fit_error)
+        if not self.interference_known and p != self.base.world_size and p > 1:
+            err = max(err, 0.10)
+        if sync_unknown and p > 1:
+            err = max(err, 0.25)
+        mean = Range(mid, lo * (1 - err), hi * (1 + err))
+        return StepPrediction(mean, mean.scaled(self.median_over_mean), terms)
+
+    def _interference(self, world_size: int, sync: float) -> float:
+        if world_size <= 1 or not self.interference_known:
+            # Unmeasured: whatever there was is inside the base run's compute, at its own collectives.
+            return 0.0
+        base = self.interference_ms.get(world_size)
+        if base is None:
+            known = [v for k, v in self.interference_ms.items() if k > 1]
+            base = statistics.fmean(known) if known else 0.0
+        if self.base_sync_ms and self.base_sync_ms > 0:
+            return base * sync / self.base_sync_ms
+        return base
+
+    def terms(self) -> ModelTerms:
+        return ModelTerms(
+            runs=self.runs,
+            batch_sizes=list(self.batch_sizes),
+            world_sizes=list(self.world_sizes),
+            compute_intercept_ms=self.line.intercept_ms,
+            compute_ms_per_sample=self.line.slope_ms,
+            compute_prior=self.line.prior,
+            backward_share=self.backward_share,
+            data_ms_per_sample=self.data_ms_per_sample,
+            optimizer_ms=self.optimizer_ms,
+            other_ms=self.other_ms,
+            sync_ms=self.base_sync_ms,
+            exposed_comm_ms=self.base.exposed_ms,
+            interference_ms=self.interference_ms.get(self.base.world_size)
+            if self.interference_known
+            else None,
+            overlap_gamma=self.gamma,
+            fit_error=self.fit_error,
+            median_over_mean=self.median_over_mean,
+            notes=list(self.notes),
+        )
+
+
+# -- fitting -----------------------------------------------------------------------------------------
+
+
+def _same_workload(observations: Sequence[Observation]) -> None:
+    params = {o.parameters for o in observations if o.parameters is not None}
+    if len(params) > 1:
+        shown = ", ".join(f"{o.run_id}: {o.parameters:,} parameters" for o in observations if o.parameters)
+        raise ModelError(
+            f"these runs are not the same workload ({shown}); fit one model per workload: pass runs of one "
+            "model to tuneup advise"
+        )
+    precisions = {o.precision for o in observations}
+    if len(precisions) > 1:
+        raise ModelError(
+            f"these runs differ in precision ({', '.join(sorted(str(p) for p in precisions))}); pass runs of one "
+            "precision (the advice predicts a change of precision from them)"
+        )
+
+
+def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> StepTimeModel:
+    """Fit the model to the runs (of one workload); `observations[base_index]` is the current setting."""
+    if not observations:
+        raise ModelError("no runs to fit the step-time model to")
+    _same_workload(observations)
+    base = observations[base_index]
+    notes: list[str] = []
+    by_world: dict[int, list[Observation]] = defaultdict(list)
+    for o in observations:
+        by_world[o.world_size].append(o)
+    # The reference group: the world size with the most batch sizes seen (a tie goes to the fewest ranks,
+    # whose compute carries no collectives).
+    ref_world = max(by_world, key=lambda w: (len({o.batch_size for o in by_world[w]}), -w))
+    ref = by_world[ref_world]
+    line = _fit_line([(o.batch_size, o.compute_per_micro_batch_ms) for o in ref])
+    if line.prior:
+        notes.append(line.prior)
+    # Interference per step at each world size: its compute above the reference line, where the
+    # reference has no collectives (one rank).
+    interference: dict[int, float] = {}
+    interference_known = ref_world == 1 and len(by_world) > 1
+    if interference_known:
+        for w, group in by_world.items():
+            if w > 1:
+                interference[w] = statistics.fmean(
+                    max(0.0, (o.compute_per_micro_batch_ms - line.at(o.batch_size)) * o.accumulation)
+                    for o in group
+                )
+    elif max(by_world) > 1:
+        notes.append(
+            "interference (compute slowed by concurrent collectives) is not separated: it stays inside the "
+            "measured compute at the run's own collectives. Give a run at one rank of the same batch size "
+            "to measure it"
+        )
+    compute_total = sum(o.forward_ms + o.backward_ms - (o.exposed_ms or 0.0) for o in observations)
+    backward_total = sum(o.backward_ms - (o.exposed_ms or 0.0) for o in observations)
+    backward_share = backward_total / compute_total if compute_total > 0 else 2 / 3
+    data_per_sample = statistics.fmean(o.data_ms / (o.accumulation * o.batch_size) for o in observations)
+    optimizer = statistics.fmean(o.optimizer_ms for o in observations)
+    other = statistics.fmean(o.other_ms + o.sync_ms for o in observations)
+    median_over_mean = statistics.fmean(o.step_median_ms / o.step_mean_ms for o in observations)
+
+    # Collectives: the fit and buckets of the multi-rank run closest to the base.
+    multi = [o for o in observations if o.world_size > 1 and o.fits and o.bucket_bytes]
+    comm_source = base if base in multi else (multi[0] if multi else None)
+    fits = comm_source.fits if comm_source else ()
+    buckets = tuple(float(b) for b in comm_source.bucket_bytes) if comm_source else ()
+    gammas = []
+    for o in multi:
+        s = sync_ms(o.fits, o.bucket_bytes, o.world_size)
+        if s is None:
+            continue
+        bwd_last = (o.backward_ms - (o.exposed_ms or 0.0)) / o.accumulation
+        if interference_known:
+            bwd_last -= interference.get(o.world_size, 0.0)
+        gammas.append(_solve_gamma(max(bwd_last, 0.0), s, o.exposed_ms or 0.0))
+    gamma = statistics.median(gammas) if gammas else None
+    base_sync = (
+        sync_ms(fits, buckets, base.world_size) if comm_source else (0.0 if base.world_size == 1 else None)
+    )
+    if not multi:
+        notes.append(
+            "no multi-rank run given: the collectives of a larger world size come from the link you name "
+            "(--link, a `tuneup probe-network` run) and the gradient's size, with overlap unknown"
+        )
+
+    model = StepTimeModel(
+        base=base,
+        line=line,
+        backward_share=backward_share,
+        data_ms_per_sample=data_per_sample,
+        optimizer_ms=optimizer,
+        other_ms=other,
+        fits=tuple(fits),
+        bucket_bytes=buckets,
+        gamma=gamma,
+        gamma_known=gamma is not None,
+        base_sync_ms=base_sync,
+        interference_ms=interference,
+        interference_known=interference_known,
+        median_over_mean=median_over_mean,
+        fit_error=None,
+        runs=len(observations),
+        world_sizes=tuple(sorted(by_world)),
+        batch_sizes=tuple(sorted({o.batch_size for o in observations})),
+        notes=notes,
+    )
+    # In-sample error: how far the model lands on the runs it was fitted to.
+    errors = []
+    for o in observations:
+        predicted = model.predict(
+            Setting(o.batch_size, o.accumulation, o.world_size, o.precision, o.num_workers)
+        ).mean_ms.value
+        errors.append(abs(predicted / o.step_mean_ms - 1))
+    fit_error = max(errors) if len(observations) > 1 else None
+    return StepTimeModel(**{**_fields(model), "fit_error": fit_error})
+
+
+def _fields(model: StepTimeModel) -> dict[str, object]:
+    return {name: getattr(model, name) for name in StepTimeModel.__dataclass_fields__}
+
+
+def with_link(model: StepTimeModel, fits: Sequence[CollectiveFit], gradient_bytes: float) -> StepTimeModel:
+    """The model with a link measured elsewhere (a probe run) and, where the runs had one rank, the
+    gradient's buckets assumed as DDP makes them (25 MiB each, the first 1 MiB)."""
+    buckets = model.bucket_bytes or tuple(_ddp_buckets(gradient_bytes))
+    return StepTimeModel(**{**_fields(model), "fits": tuple(fits), "bucket_bytes": buckets})
+
+
+def _ddp_buckets(gradient_bytes: float, first_mb: float = 1.0, cap_mb: float = 25.0) -> list[float]:
+    """DDP's bucket sizes for a gradient of `gradient_bytes` (after its rebuild: the first bucket small)."""
+    mib = 1024 * 1024
+    sizes, left = [], gradient_bytes
+    cap = first_mb * mib
+    while left > 0:
+        take = min(cap, left)
+        sizes.append(take)
+        left -= take
+        cap = cap_mb * mib
+    return sizes

@@ -1,0 +1,208 @@
+"""The advice as the report shows it: computed once per analysis (the HTML, Markdown and JSON of one report
+read the same object), as format-neutral blocks for the "Recommendations" section, and as plain text for
+`tuneup advise` and `tuneup show`."""
+
+from __future__ import annotations
+
+from tuneup._log import logger
+from tuneup.advise import Advice, AdviceInputError, AdviceOptions, ModelError, advise
+from tuneup.advise.model import Predicted, Range, Recommendation
+from tuneup.analyze.model import RunAnalysis
+from tuneup.report.blocks import Block, Bullets, Code, KeyValues, Paragraph, table
+
+# One analysis -> its advice. Keyed by identity, holding the analysis so that its id is not reused.
+_CACHE: dict[int, tuple[RunAnalysis, Advice | str]] = {}
+
+
+def advice_for(analysis: RunAnalysis) -> Advice | str:
+    """The advice for a report's run, or the sentence that says why there is none."""
+    hit = _CACHE.get(id(analysis))
+    if hit is not None and hit[0] is analysis:
+        return hit[1]
+    try:
+        result: Advice | str = advise([analysis], AdviceOptions())
+    except (AdviceInputError, ModelError) as exc:
+        result = str(exc)
+    except Exception as exc:  # a defect in the advice must not cost the user the report
+        logger.warning("tuneup: the advice failed: %s: %s", type(exc).__name__, exc)
+        result = f"the advice failed ({type(exc).__name__}: {exc}); please report it"
+    if len(_CACHE) > 8:
+        _CACHE.clear()
+    _CACHE[id(analysis)] = (analysis, result)
+    return result
+
+
+def pct(r: Range) -> str:
+    return f"{r.value:+.1%} [{r.low:+.1%}, {r.high:+.1%}]"
+
+
+def _ms(r: Range) -> str:
+    return f"{r.value:.1f} ms [{r.low:.1f}, {r.high:.1f}]"
+
+
+def _rate(r: Range) -> str:
+    return f"{r.value:,.1f} [{r.low:,.1f}, {r.high:,.1f}]"
+
+
+def _usd(r: Range | None) -> str:
+    return f"${r.value:,.4g} [{r.low:,.4g}, {r.high:,.4g}]" if r is not None else "not priced"
+
+
+def headline(rec: Recommendation) -> str:
+    return f"{rec.title}: {rec.objective} {pct(rec.gain)} predicted ({rec.confidence} confidence)"
+
+
+def _figures(label: str, p: Predicted | None) -> tuple[str, str] | None:
+    if p is None:
+        return None
+    parts = [f"step {_ms(p.step_ms)}", f"samples/s {_rate(p.samples_per_s)}"]
+    if p.goodput_samples_per_s is not None:
+        parts.append(f"goodput {_rate(p.goodput_samples_per_s)}")
+    if p.usd_per_million_samples is not None:
+        parts.append(f"$ per 1M samples {_usd(p.usd_per_million_samples)}")
+    return label, "; ".join(parts)
+
+
+def recommendation_blocks(rec: Recommendation) -> list[Block]:
+    pairs = [
+        ("Change", "; ".join(f"{c.knob}: {c.current} -> {c.proposed}" for c in rec.changes)),
+        ("Predicted gain", f"{rec.objective} {pct(rec.gain)}; {rec.confidence} confidence"),
+    ]
+    for label, p in (("Now (model)", rec.current), ("After", rec.predicted)):
+        row = _figures(label, p)
+        if row:
+            pairs.append(row)
+    if rec.cost_change is not None:
+        pairs.append(("$ per 1M samples", pct(rec.cost_change)))
+    out: list[Block] = [KeyValues(rec.title, tuple(pairs))]
+    out.append(
+        Bullets(tuple(f"Evidence: {e}" for e in rec.evidence) + tuple(f"Caveat: {c}" for c in rec.caveats))
+    )
+    out.append(Code("Apply it in Python", rec.code))
+    if rec.yaml:
+        out.append(Code("Or in a LightningCLI config", rec.yaml, "yaml"))
+    return out
+
+
+def advice_blocks(advice: Advice | str) -> list[Block]:
+    if isinstance(advice, str):
+        return [Paragraph(f"No recommendations: {advice}", quiet=True)]
+    out: list[Block] = []
+    if advice.recommendations:
+        out.append(
+            Paragraph(
+                f"{len(advice.recommendations)} change(s) predicted to gain at least {advice.min_gain:.0%} "
+                f"({advice.objective}), best first. Each is a prediction of tuneup's step-time model with its "
+                "interval: apply the code, rerun, and compare the runs with `tuneup compare`."
+            )
+        )
+        for rec in advice.recommendations:
+            out.extend(recommendation_blocks(rec))
+    else:
+        out.append(
+            Paragraph(
+                f"No change is predicted to gain {advice.min_gain:.0%} or more with the evidence in this run; "
+                "what was looked at is listed below.",
+                quiet=True,
+            )
+        )
+    if advice.considered:
+        out.append(
+            table(
+                "Looked at and left alone",
+                ("Knob", "Why not"),
+                [(c.knob, c.reason) for c in advice.considered],
+                detail=bool(advice.recommendations),
+            )
+        )
+    if advice.whatif is not None and advice.whatif.rows:
+        w = advice.whatif
+        out.append(
+            table(
+                f"Other instances for this workload (global batch {w.global_batch}, ranked by {w.ranked_by})",
+                ("Instance", "GPUs", "$/h", "Step", "Samples/s", "$ per 1M samples", "Note"),
+                [
+                    (
+                        r.instance + (" (spot)" if r.spot else ""),
+                        f"{r.gpus} x {r.gpu}",
+                        f"{r.usd_per_hour:,.2f}",
+                        _ms(r.step_ms) if r.step_ms else "-",
+                        _rate(r.samples_per_s) if r.samples_per_s else "-",
+                        _usd(r.usd_per_million_samples),
+                        r.note or "",
+                    )
+                    for r in w.rows[:15]
+                ],
+                numeric=(2,),
+                detail=True,
+            )
+        )
+        if w.assumptions:
+            out.append(Bullets(tuple(f"Assumption: {a}" for a in w.assumptions)))
+    elif advice.whatif is not None and advice.whatif.assumptions:
+        out.append(Paragraph("Other instances: " + " ".join(advice.whatif.assumptions), quiet=True))
+    if advice.model is not None:
+        m = advice.model
+        pairs = [
+            (
+                "Runs",
+                f"{m.runs} (batch sizes {', '.join(map(str, m.batch_sizes))}; world sizes "
+                f"{', '.join(map(str, m.world_sizes))})",
+            ),
+            (
+                "Compute per micro-batch",
+                f"{m.compute_intercept_ms:.3f} ms + {m.compute_ms_per_sample:.4f} ms per sample",
+            ),
+            ("Data wait per sample", f"{m.data_ms_per_sample:.4f} ms"),
+            ("Optimizer, other", f"{m.optimizer_ms:.2f} ms, {m.other_ms:.2f} ms per step"),
+        ]
+        if m.sync_ms:
+            pairs.append(
+                ("Collectives (link fit)", f"{m.sync_ms:.2f} ms per step; overlap gamma {m.overlap_gamma}")
+            )
+        if m.exposed_comm_ms is not None:
+            total = m.exposed_comm_ms + (m.interference_ms or 0.0)
+            pairs.append(
+                (
+                    "Communication's cost to the step",
+                    f"{total:.2f} ms: exposed {m.exposed_comm_ms:.2f} ms"
+                    + (
+                        f" + interference {m.interference_ms:.2f} ms (compute slowed against the one-rank run)"
+                        if m.interference_ms is not None
+                        else " (at least: compute slowed by overlapping collectives is not separated without a one-rank run)"
+                    ),
+                )
+            )
+        if m.fit_error is not None:
+            pairs.append(("Largest error on the runs fitted", f"{m.fit_error:.1%}"))
+        out.append(KeyValues("The step-time model", tuple(pairs), detail=True))
+    notes = list(advice.notes)
+    if notes:
+        out.append(Bullets(tuple(f"Note: {n}" for n in notes)))
+    return out
+
+
+def advice_text(advice: Advice | str, limit: int | None = None) -> list[str]:
+    """Plain lines: each recommendation's headline, its code and its evidence (`limit`: headlines only,
+    the first `limit` of them)."""
+    if isinstance(advice, str):
+        return [f"no recommendations: {advice}"]
+    if not advice.recommendations:
+        return [
+            f"no change predicted to gain {advice.min_gain:.0%} or more ({len(advice.considered)} looked at)"
+        ]
+    if limit is not None:
+        return [f"- {headline(r)}" for r in advice.recommendations[:limit]]
+    lines: list[str] = []
+    for i, rec in enumerate(advice.recommendations, 1):
+        lines.append(f"{i}. {headline(rec)}")
+        for p, label in ((rec.current, "now"), (rec.predicted, "after")):
+            row = _figures(label, p)
+            if row:
+                lines.append(f"   {row[0]}: {row[1]}")
+        lines.extend(f"   evidence: {e}" for e in rec.evidence)
+        lines.extend(f"   caveat: {c}" for c in rec.caveats)
+        lines.append("   code:")
+        lines.extend(f"     {line}" for line in rec.code.splitlines())
+        lines.append("")
+    return lines
