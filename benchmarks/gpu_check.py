@@ -25,6 +25,14 @@ Checks (grown issue by issue):
    must add none on the training thread.
 7. overhead on a GPU (issue 13): steps of ~10 ms and ~100 ms of device time, with and without the
    callback, interleaved, medians of repeats.
+8. workload sweep (issue 14): a small transformer-shaped model (token embedding, MLP blocks, head) recorded
+   at several batch sizes, 32-true and bf16-mixed, and with accumulation; the run directories are packed
+   into DIR/sweep_runs.tgz so that the step-time model can be fitted on some and checked against the
+   others (`benchmarks/predict.py --runs`), and each run's measured step time, MFU and peak memory printed.
+9. advice on the device (issue 14): from the sweep, the step-time model fitted at batch 8, 16 and 32
+   (32-true) predicts batch 24 and 64 and accumulation 4 (goal: within 10%); the bf16-mixed
+   recommendation's predicted step against the measured bf16 run; the memory the batch advice predicts
+   at batch 64 against the allocator's measured peak.
 """
 
 from __future__ import annotations
@@ -427,6 +435,166 @@ def overhead(out: Path, repeats: int) -> dict[str, Any]:
     return results
 
 
+def _sweep_module(batch_size: int, width: int, depth: int, seq: int, vocab: int) -> Any:
+    import lightning.pytorch as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(width)
+            self.up = torch.nn.Linear(width, 4 * width)
+            self.down = torch.nn.Linear(4 * width, width)
+
+        def forward(self, x: Any) -> Any:
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+    class Sweep(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batch_size = batch_size  # BatchSizeFinder's convention, which tuneup's advice also uses
+            self.embed = torch.nn.Embedding(vocab, width)
+            self.blocks = torch.nn.Sequential(*[Block() for _ in range(depth)])
+            self.head = torch.nn.Linear(width, vocab)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            (tokens,) = batch
+            logits = self.head(self.blocks(self.embed(tokens[:, :-1])))
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+        def train_dataloader(self) -> Any:
+            data = torch.randint(0, vocab, (self.batch_size * 64, seq + 1))
+            return DataLoader(
+                TensorDataset(data), batch_size=self.batch_size, pin_memory=ACCELERATOR == "gpu"
+            )
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+    return Sweep()
+
+
+@check("workload sweep (runs for the step-time model)")
+def sweep(out: Path, steps: int) -> dict[str, Any]:
+    import tarfile
+
+    import lightning.pytorch as L
+    import torch
+
+    from tuneup import TuneupCallback, load_run
+    from tuneup.analyze.analysis import analyze_run
+
+    gpu = ACCELERATOR == "gpu"
+    shape = (
+        {"width": 1024, "depth": 8, "seq": 256, "vocab": 8192}
+        if gpu
+        else {"width": 64, "depth": 2, "seq": 16, "vocab": 128}
+    )
+    # (precision, batch size, accumulation): fit on 8/16/32 at 32-true; 24 and 64 are unseen sizes; bf16 and
+    # accumulation 4 check the precision and accumulation predictions.
+    arms = [("32-true", b, 1) for b in (8, 16, 32, 24, 64)] + [("32-true", 16, 4)]
+    arms += [("bf16-mixed", b, 1) for b in (8, 16, 32, 64)]
+    root = out / "sweep"
+    results = {}
+    print(
+        f"{'precision':<11} {'batch':>5} {'accum':>5} {'median ms':>10} {'MFU':>7} {'peak GiB (torch)':>17} {'recorded GiB':>13}"
+    )
+    for precision, batch, accumulate in arms:
+        name = f"{precision}-b{batch}-a{accumulate}"
+        if gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        trainer = L.Trainer(
+            accelerator=ACCELERATOR, devices=1, max_steps=steps, precision=precision, accumulate_grad_batches=accumulate,
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[TuneupCallback(dirpath=root / name)], default_root_dir=str(out),
+        )  # fmt: skip
+        trainer.fit(_sweep_module(batch, **shape))
+        peak = torch.cuda.max_memory_allocated() / 2**30 if gpu else None
+        run = load_run(root / name)
+        analysis = analyze_run(run)
+        step_ms = statistics.median(s.wall_ms for s in run.steps(0)[steps // 4 :])
+        mfu = analysis.cost.flops.mfu if analysis.cost is not None else None
+        peaks = [s.peak_mem_bytes for s in run.steps(0) if s.peak_mem_bytes is not None]
+        recorded = max(peaks) / 2**30 if peaks else None
+        results[name] = {"step_ms": step_ms, "mfu": mfu, "peak_gib": peak, "recorded_peak": recorded}
+        print(f"{precision:<11} {batch:>5} {accumulate:>5} {step_ms:>10.2f} {mfu if mfu is not None else '-':>7} "
+              f"{peak if peak is not None else '-':>17} {recorded if recorded is not None else '-':>13}")  # fmt: skip
+        del trainer
+    with tarfile.open(out / "sweep_runs.tgz", "w:gz") as tar:
+        tar.add(root, arcname="sweep")
+    print(f"  packed {out / 'sweep_runs.tgz'} ({(out / 'sweep_runs.tgz').stat().st_size / 1e6:.1f} MB)")
+    return results
+
+
+@check("advice on the device (step-time model, bf16, memory)")
+def advice_check(out: Path) -> dict[str, Any]:
+    from tuneup.advise import AdviceOptions, advise
+    from tuneup.advise.model import Setting
+    from tuneup.advise.observe import observe
+    from tuneup.advise.step_model import fit_step_model
+    from tuneup.report import analyze
+
+    root = out / "sweep"
+    fit = [observe(analyze(root / f"32-true-b{b}-a1")) for b in (16, 8, 32)]
+    model = fit_step_model(fit)
+    result: dict[str, Any] = {}
+    print(f"{'unseen run':<22} {'predicted median ms':>28} {'measured':>10} {'error':>8}")
+    for name, batch, accumulation in (
+        ("32-true-b24-a1", 24, 1),
+        ("32-true-b64-a1", 64, 1),
+        ("32-true-b16-a4", 16, 4),
+    ):
+        measured = observe(analyze(root / name))
+        p = model.predict(Setting(batch, accumulation, 1)).median_ms
+        err = p.value / measured.step_median_ms - 1
+        result[name] = {
+            "predicted": p.value,
+            "low": p.low,
+            "high": p.high,
+            "measured": measured.step_median_ms,
+        }
+        print(
+            f"{name:<22} {f'{p.value:.2f} [{p.low:.2f}, {p.high:.2f}]':>28} {measured.step_median_ms:>10.2f} {err:>+8.1%}"
+        )
+    for batch in (8, 32, 64):
+        base = analyze(root / f"32-true-b{batch}-a1")
+        advice = advise([base], AdviceOptions(whatif=False))
+        rec = next((r for r in advice.recommendations if r.id == "precision_bf16"), None)
+        measured_ms = analyze(root / f"bf16-mixed-b{batch}-a1").step_time.median_ms
+        if rec is None or rec.predicted is None:
+            print(
+                f"  bf16 at batch {batch}: not recommended ({[c.reason for c in advice.considered if 'precision' in c.knob]})"
+            )
+            continue
+        p = rec.predicted.step_ms
+        inside = p.low <= measured_ms <= p.high  # type: ignore[operator]
+        result[f"bf16-b{batch}"] = {
+            "predicted": p.value,
+            "low": p.low,
+            "high": p.high,
+            "measured": measured_ms,
+        }
+        print(f"  bf16-mixed at batch {batch}: predicted {p.value:.2f} ms [{p.low:.2f}, {p.high:.2f}], measured "
+              f"{measured_ms:.2f} ms ({measured_ms / p.value - 1:+.1%} from the point; inside: {inside})")  # fmt: skip
+    from tuneup.advise.batch import _memory_line
+    from tuneup.advise.context import AdviceContext
+
+    runs = [analyze(root / f"32-true-b{b}-a1") for b in (8, 16, 32)]
+    observations = [observe(a) for a in runs]
+    ctx = AdviceContext(runs[0], runs, observations[0], fit_step_model(observations), None, "samples/s",  # type: ignore[arg-type]
+                        model_observations=observations)  # fmt: skip
+    line = _memory_line(ctx)
+    measured64 = observe(analyze(root / "32-true-b64-a1")).gpu_peak_allocated_bytes
+    if line is not None and measured64:
+        predicted64 = line[0] + line[1] * 64
+        result["memory_b64"] = {"predicted_bytes": predicted64, "measured_bytes": measured64}
+        print(f"  peak memory at batch 64: predicted {predicted64 / 2**30:.2f} GiB, measured {measured64 / 2**30:.2f} GiB "
+              f"({predicted64 / measured64 - 1:+.1%})")  # fmt: skip
+    return result
+
+
 @check("environment")
 def environment() -> dict[str, Any]:
     import torch
@@ -468,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     telemetry(out)
     sync_debug(out)
     overhead(out, 2 if args.quick else 3)
+    sweep(out, 30 if args.quick else 50)
+    advice_check(out)
     (out / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     print(f"\nwrote {out / 'gpu_check.json'}")
     if args.out is None:
