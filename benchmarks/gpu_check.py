@@ -312,6 +312,7 @@ def _device_fit(
     with_tuneup: bool,
     delay: DeviceDelay,
     callbacks: list[Any] | None = None,
+    accumulate: int = 1,
 ) -> list[float]:
     """A fit whose step is a small model plus `step_ms` of device time (torch.cuda._sleep): times of
     batch ends (host clock), the device synchronized at the end."""
@@ -347,9 +348,10 @@ def _device_fit(
     trainer = L.Trainer(
         accelerator=ACCELERATOR, devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[*tuneup, *(callbacks or []), timer],
-        default_root_dir=str(out),
+        default_root_dir=str(out), accumulate_grad_batches=accumulate,
     )  # fmt: skip
-    trainer.fit(M(), DataLoader(TensorDataset(torch.randn(steps * 64, width)), batch_size=64))
+    data = torch.randn(steps * accumulate * 64, width)
+    trainer.fit(M(), DataLoader(TensorDataset(data), batch_size=64))
     if ACCELERATOR == "gpu":
         torch.cuda.synchronize()
     return timer.ends
@@ -387,9 +389,11 @@ def sync_debug(out: Path) -> dict[str, Any]:
         warnings.simplefilter("always")
         warnings.showwarning = record
         try:
+            # Accumulation 2: tuneup's noise scale then takes the first micro-batch's gradient norm on the
+            # device every step (issue 14), which must not synchronize either.
             for arm in ("baseline", "tuneup"):
                 seen.clear()
-                _device_fit(out, 5.0, 80, arm == "tuneup", delay, callbacks=[SyncWatch()])
+                _device_fit(out, 5.0, 80, arm == "tuneup", delay, callbacks=[SyncWatch()], accumulate=2)
                 by_thread: dict[str, int] = {}
                 for thread, _ in seen:
                     by_thread[thread] = by_thread.get(thread, 0) + 1
@@ -518,7 +522,11 @@ def sweep(out: Path, steps: int) -> dict[str, Any]:
         mfu = analysis.cost.flops.mfu if analysis.cost is not None else None
         peaks = [s.peak_mem_bytes for s in run.steps(0) if s.peak_mem_bytes is not None]
         recorded = max(peaks) / 2**30 if peaks else None
-        results[name] = {"step_ms": step_ms, "mfu": mfu, "peak_gib": peak, "recorded_peak": recorded}
+        ns = analysis.noise_scale
+        results[name] = {"step_ms": step_ms, "mfu": mfu, "peak_gib": peak, "recorded_peak": recorded,
+                         "b_simple": ns.b_simple if ns else None}  # fmt: skip
+        if ns is not None:
+            print(f"  noise scale of {name}: B_simple {ns.b_simple} [{ns.ci_low}, {ns.ci_high}] over {ns.steps} steps ({ns.method})")
         print(f"{precision:<11} {batch:>5} {accumulate:>5} {step_ms:>10.2f} {mfu if mfu is not None else '-':>7} "
               f"{peak if peak is not None else '-':>17} {recorded if recorded is not None else '-':>13}")  # fmt: skip
         del trainer
