@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -16,6 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy without build/: setuptools reuses build/lib, where a module from an earlier build
+    # would hide a package that pyproject no longer (or never) lists.
+    source = tmp_path_factory.mktemp("source") / "tuneup"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "reports", "__pycache__"),
+    )
     subprocess.run(
         [
             sys.executable,
@@ -27,7 +36,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "-q",
             "-w",
             str(out),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         capture_output=True,
@@ -47,6 +56,18 @@ def test_wheel_installs_plugins_under_tuneup_and_no_top_level_plugins(wheel: Pat
     assert "tuneup = tuneup.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
+def test_wheel_holds_every_module_of_the_source_tree(wheel: Path) -> None:
+    # pyproject lists the packages by name (plugins/ maps to tuneup.plugins): a new package left off the
+    # list installs nothing, and an editable install would hide it (tuneup.report.sections once was).
+    names = set(zipfile.ZipFile(wheel).namelist())
+    source = {f"tuneup/{p.relative_to(ROOT / 'tuneup').as_posix()}" for p in (ROOT / "tuneup").rglob("*.py")}
+    source |= {
+        f"tuneup/plugins/{p.relative_to(ROOT / 'plugins').as_posix()}"
+        for p in (ROOT / "plugins").rglob("*.py")
+    }
+    assert source - names == set()
+
+
 def test_installed_wheel_imports_without_the_source_tree(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run(
@@ -55,7 +76,7 @@ def test_installed_wheel_imports_without_the_source_tree(wheel: Path, tmp_path: 
         capture_output=True,
     )
     code = (
-        "import sys, tuneup, tuneup.plugins.lightning as pl;"
+        "import sys, tuneup, tuneup.plugins.lightning as pl, tuneup.report.sections, tuneup.advise.batch;"
         "assert tuneup.__file__.startswith(sys.argv[1]), tuneup.__file__;"
         "assert tuneup.TuneupCallback is pl.TuneupCallback;"
         "print('ok')"
