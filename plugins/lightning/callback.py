@@ -146,17 +146,29 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             report shows the top operators of each phase. Profiled steps run slower; nothing is done when 0.
         profile_start_step: how many steps into the fit profiling starts (default 10: past warm-up).
         noise_scale: measure the gradient noise scale B_simple (McCandlish et al. 2018), the batch size
-            beyond which a bigger batch stops saving steps, from two gradient norms per step, with no
-            extra communication and no copy of the gradients. Under DDP (more than one rank, with
+            beyond which a bigger batch stops saving steps, from two gradient norms per measured step, with
+            no extra communication and no copy of the gradients. Under DDP (more than one rank, with
             ``profile_communication``): each bucket's squared norm before and after its all-reduce, one
             fused norm per bucket each way. With one process and ``accumulate_grad_batches`` of 2 or more
             (automatic optimization): the gradient's norm after the first micro-batch and before the
-            optimizer step, one ``torch._foreach_norm`` each. On by default: either way it is two reads of
-            the gradients per step, no synchronization; measured on a 2-core CPU at 2 x 37 us for 83k
-            parameters and 2 x 141 us for 1.1M (1-3% of a 10 ms CPU step at batch 8, less with bigger
-            batches or more micro-batches; on a GPU a read runs at memory bandwidth). Turn it off to save
-            that. Not measured for FSDP (sharded gradients) or manual optimization. The mixed-precision loss
-            scale is divided out. ``False``: nothing is computed.
+            optimizer step, one ``torch._foreach_norm`` each. Either way two reads of the gradients, no
+            synchronization, on the steps ``noise_scale_every`` picks. Not measured for FSDP (sharded
+            gradients) or manual optimization. The mixed-precision loss scale is divided out. ``False``:
+            nothing is computed.
+        noise_scale_every: which optimizer steps take the two norms: those whose step number is a multiple
+            of it. The norms are memory-bandwidth bound: measured on a 2-core CPU at 2 x 37 us a step for
+            83k parameters and 2 x 141 us for 1.1M, i.e. up to ~3% of a 10 ms CPU step if taken every step.
+            ``None`` (default, automatic): tuneup times the norm calls on the host (``perf_counter``) and
+            the steps, and takes the norms on one step in k, k the smallest power of two with
+            (norm time) / (k x step time) <= 0.5% (at most 256); it starts at every step and re-chooses
+            after each measured step from the medians of recent times, at most doubling k at a time, so
+            the estimate gets steps past the warm-up. On CUDA the norms are asynchronous kernels whose
+            launch takes microseconds of host time: k stays 1 there, every step, unless the host is what
+            bounds the step (their GPU time, two reads of the gradients at memory bandwidth, is not what
+            the choice measures: force a k where it matters). An integer forces one step in that many
+            (1: every step, as before). Past ``detail_steps``, only steps the record keeps (one in
+            ``sample_every``) take the norms. The record's ``noise_scale_sampling`` event gives the final
+            k and the times it was chosen from.
 
     Without ``instance`` or ``price_per_hour``, the environment may price the run: ``TUNEUP_INSTANCE``
     (with ``TUNEUP_SPOT=1``, ``TUNEUP_CATALOG``) or ``TUNEUP_PRICE_PER_HOUR`` (with ``TUNEUP_PRICE_PER``).
@@ -193,6 +205,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         profile_steps: int = 0,
         profile_start_step: int = 10,
         noise_scale: bool = True,
+        noise_scale_every: int | None = None,
     ) -> None:
         super().__init__()
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
@@ -247,6 +260,22 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if not isinstance(noise_scale, bool):
             raise ValueError(f"TuneupCallback(noise_scale=...) must be True or False, got {noise_scale!r}")
         self.noise_scale = noise_scale
+        if noise_scale_every is not None and (
+            isinstance(noise_scale_every, bool)
+            or not isinstance(noise_scale_every, int)
+            or noise_scale_every < 1
+        ):
+            raise ValueError(
+                "TuneupCallback(noise_scale_every=...) must be a positive integer (1: every step, k: one "
+                f"step in k) or None (chosen automatically), got {noise_scale_every!r}"
+            )
+        self.noise_scale_every = noise_scale_every
+        # Which steps take the norms (NoiseSampling), from on_train_start where the noise scale is measured.
+        self._noise_sampling: Any = None
+        self._noise_taken = False  # the current step takes the norms
+        self._noise_s = 0.0  # host seconds of the current step's norms (the accumulation method)
+        self._noise_last_end: float | None = None  # perf_counter at the last step's end
+        self._noise_steps_seen = 0  # steps closed in this fit: the writer's steps_seen, for its policy
         # How this fit measures it (tuneup.collect.grad_noise's methods), decided at on_train_start; None: not.
         self._noise_method: str | None = None
         self._noise_first: tuple[Any, int] | None = None  # the first micro-batch's ‖g‖² and samples
@@ -453,6 +482,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._start_sampler(trainer)
         self._wire_ddp_hook(trainer)
         self._noise_method = self._choose_noise_method(trainer)
+        self._start_noise_sampling()
         if self.count_flops and _is_compiled(pl_module):
             # A dispatch mode around a compiled module can make it recompile or fail inside the user's
             # training_step, where tuneup cannot catch it for them: do not risk the training.
@@ -594,11 +624,50 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._comm.noise_scale = False
         return method
 
+    def _start_noise_sampling(self) -> None:
+        from tuneup.collect.grad_noise import NoiseSampling
+
+        self._noise_sampling = NoiseSampling(self.noise_scale_every) if self._noise_method else None
+        self._noise_taken = False
+        self._noise_s = 0.0
+        self._noise_last_end = None
+        self._noise_steps_seen = 0
+        self._noise_first = None
+        if self._comm is not None:
+            self._comm.noise_scale = False  # until a step that takes the norms (_noise_step_starts)
+            self._comm.take_noise_times()
+
+    def _noise_step_starts(self) -> None:
+        """At the first micro-batch of a step: whether the step takes the norms. Under DDP the hooks are
+        told now, before any backward of the step."""
+        policy = self.policy
+        kept_every = 1 if self._noise_steps_seen < policy.detail_steps else policy.sample_every
+        taken = self._noise_sampling.takes(self._steps_done, kept_every)
+        self._noise_taken = taken
+        if self._comm is not None and self._noise_method == "ddp":
+            self._comm.noise_scale = taken
+
+    def _noise_step_ends(self) -> None:
+        """At the step's end: its host time and its norms' for the sampling to choose from."""
+        now = time.perf_counter()
+        last, self._noise_last_end = self._noise_last_end, now
+        self._noise_steps_seen += 1
+        norm_s = None
+        if self._noise_taken:
+            if self._noise_method == "ddp":
+                times = self._comm.take_noise_times() if self._comm is not None else None
+                norm_s = sum(times) if times else None
+            else:
+                norm_s, self._noise_s = self._noise_s, 0.0
+        self._noise_sampling.observe(None if last is None else now - last, norm_s)
+
     def _noise_first_micro_batch(self, clock: StepClock, pl_module: Any) -> None:
         """The accumulation method: the gradient after the step's first micro-batch (a device tensor)."""
         from tuneup.collect.grad_noise import grads_squared_norm
 
+        started = time.perf_counter()
         sq = grads_squared_norm(pl_module.parameters())
+        self._noise_s += time.perf_counter() - started
         self._noise_first = None if sq is None else (sq, clock.samples or 0)
 
     def _noise_step(self, clock: StepClock, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -616,7 +685,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if self._noise_method == ACCUMULATION_METHOD:
             if first is None or not first[1] or first[1] >= samples:
                 return
+            started = time.perf_counter()
             big_sq = grads_squared_norm(pl_module.parameters())
+            self._noise_s += time.perf_counter() - started
             if big_sq is None:
                 return
             clock.noise = PendingNoise(
@@ -734,6 +805,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 "telemetry_interval_s": self.telemetry_interval_s,
                 "grad_norm": self.grad_norm,
                 "noise_scale": self.noise_scale,
+                "noise_scale_every": self.noise_scale_every,
                 "timing": self._clock.timer.kind if self._clock else None,
             },
         }
@@ -779,6 +851,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 if not clock.pending and not clock.micro_batches:
                     self._steps_done = _training_steps_done(trainer, self._automatic_optimization)
             samples, tokens = self.counter.samples(batch), self.counter.tokens(batch)
+            if self._noise_sampling is not None and not clock.micro_batches:
+                self._noise_step_starts()
             if self._profiler is not None:
                 self._profiler.batch_start(self._steps_done)
             clock.batch_start(samples, tokens)
@@ -804,7 +878,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         clock = self._clock
         if clock is not None and not self._disabled:
             try:
-                if self._noise_method == "accumulation" and clock.micro_batches == 1:
+                if self._noise_taken and clock.micro_batches == 1 and self._noise_method == "accumulation":
                     self._noise_first_micro_batch(clock, pl_module)
                 clock.after_backward()
             except Exception as exc:
@@ -816,7 +890,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             try:
                 if self.grad_norm:
                     clock.grad_norm = _total_grad_norm(pl_module)
-                if self._noise_method is not None:
+                if self._noise_taken:
                     self._noise_step(clock, trainer, pl_module, optimizer)
                 clock.before_optimizer()
             except Exception as exc:
@@ -863,6 +937,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             peak_mem_bytes=self._peak_mem_bytes,
             comm=self._comm.take() if self._comm is not None else None,
         )
+        if self._noise_sampling is not None:
+            self._noise_step_ends()
         if self._profiler is not None:
             self._profiler.step_end(step)
         # Records are built and written on the drainer's thread (which also wakes every flush_every_s).
@@ -1030,6 +1106,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 self._clock.drain(force=True)
                 self._log_to_trainer()
         finally:
+            if self._noise_sampling is not None:
+                # Which steps took the norms, and what they cost (the automatic choice's inputs).
+                with contextlib.suppress(Exception):
+                    self._writer.add_event("noise_scale_sampling", **self._noise_sampling.summary())
             if self._comm is not None:
                 self._comm.uninstall()
                 self._record_ddp_logging()

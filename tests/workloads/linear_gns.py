@@ -1,7 +1,7 @@
 """A linear regression that never moves (learning rate 0), for the gradient noise scale's ground truth.
 
     python tests/workloads/linear_gns.py --out RUN_DIR --truth TRUTH.json [--devices 2] [--accumulate 2]
-        [--loss-scale 1024] [--max-steps N]
+        [--loss-scale 1024] [--max-steps N] [--noise-scale-every K]
 
 With the parameters fixed, every step's gradient is an unbiased sample of the same distribution, and the
 true B_simple = tr(Σ)/|G|² follows from per-example gradients over the whole dataset, computed here by
@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-steps", type=int, default=1000)
     p.add_argument("--loss-scale", type=float, default=0.0)
     p.add_argument("--namespace", default="lightning", choices=["lightning", "pytorch_lightning"])
+    # TuneupCallback(noise_scale_every=...): None (automatic) unless given.
+    p.add_argument("--noise-scale-every", type=int, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     import importlib
@@ -117,7 +119,11 @@ def main(argv: list[str] | None = None) -> None:
         accumulate_grad_batches=args.accumulate,
         callbacks=[
             TuneupCallback(
-                dirpath=args.out, telemetry_interval_s=1.0, count_flops=False, detail_steps=args.max_steps
+                dirpath=args.out,
+                telemetry_interval_s=1.0,
+                count_flops=False,
+                detail_steps=args.max_steps,
+                noise_scale_every=args.noise_scale_every,
             )
         ],
         plugins=plugins or None,

@@ -14,6 +14,11 @@ corrected exponential moving averages, so that it follows B_simple as training m
 
 With several ranks, each rank's local squared norm is one small-batch sample: their mean per step is the
 small-batch figure (the big one is the same on every rank).
+
+Only some steps carry the norms (the callback's `noise_scale_every` samples them; past `detail_steps` the
+record keeps one step in `sample_every`): everything here uses the steps with both norms and nothing else.
+A gap between them is no step at all, not a zero; the blocks of the interval are runs of consecutive
+measured steps, and the EMAs advance once per measured step.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ METHODS = {
     "ddp": "DDP bucket norms before/after all-reduce",
     "accumulation": "first micro-batch vs accumulated gradient",
 }
-# The plot's EMAs: a time constant of a tenth of the run, within these bounds (in steps).
+# The plot's EMAs: a time constant of a tenth of the measured steps, within these bounds (in measured steps).
 EMA_MIN_STEPS = 10.0
 EMA_MAX_STEPS = 200.0
 # Fewer steady steps than this and the headline is flagged as rough.
@@ -188,7 +193,15 @@ def noise_scale_section(run: Run, steady: dict[int, list[StepRecord]]) -> NoiseS
             "least the low end)."
         )
     if len(headline) < FEW_STEPS:
-        notes.append(f"Only {len(headline)} steady steps had both norms: a rough estimate.")
+        note = f"Only {len(headline)} steady steps had both norms: a rough estimate."
+        span = headline[-1][0] - headline[0][0]
+        if len(headline) > 1 and span >= 1.5 * (len(headline) - 1):
+            # Sampled: the callback's noise_scale_every (automatic: a 0.5% budget for the norms' cost).
+            note += (
+                f" The norms were taken on about one step in {round(span / (len(headline) - 1))}; a longer "
+                "run, or TuneupCallback(noise_scale_every=1), measures more steps."
+            )
+        notes.append(note)
     if comm_hook and any(word in comm_hook.lower() for word in _LOSSY_HOOKS):
         notes.append(
             f"The DDP comm hook {comm_hook} does not return the exact average gradient: the big-batch norm, "
@@ -200,6 +213,9 @@ def noise_scale_section(run: Run, steady: dict[int, list[StepRecord]]) -> NoiseS
         )
     time_constant = min(EMA_MAX_STEPS, max(EMA_MIN_STEPS, len(every) / 10.0))
     series = ema_series([g for _, g, _ in every], [t for _, _, t in every], time_constant)
+    # The EMAs advance once per measured step: in training steps their time constant is that many times
+    # the mean spacing of the measured steps (1 where every step was measured).
+    spacing = (every[-1][0] - every[0][0]) / (len(every) - 1) if len(every) > 1 else 1.0
     return NoiseScale(
         method=METHODS.get(method, method),
         small_batch=small_batch,
@@ -212,7 +228,7 @@ def noise_scale_section(run: Run, steady: dict[int, list[StepRecord]]) -> NoiseS
         trace_sigma=t_mean,
         series_step=[step for step, _, _ in every],
         series_b_simple=series,
-        ema_steps=time_constant,
+        ema_steps=time_constant * max(1.0, spacing),
         comm_hook=comm_hook,
         notes=notes,
     )

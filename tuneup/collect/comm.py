@@ -78,8 +78,13 @@ class CommProbe:
         self.hook_registered = False
         self.hooks_wrapped = 0
         self.process_group: Any = None  # the DDP model's, once the default hook is registered
-        # Take each bucket's squared norm before and after its all-reduce (the gradient noise scale).
+        # Take each bucket's squared norm before and after its all-reduce (the gradient noise scale). The
+        # callback sets it before each step's backward: off on the steps its sampling leaves out, where the
+        # hooks compute no norm at all.
         self.noise_scale = False
+        # Host seconds each of those norms took (appended from the autograd and communication threads;
+        # the callback takes them once the step is over), for the noise scale's sampling.
+        self.noise_times: list[float] = []
         self.hook_name: str | None = None  # the DDP comm hook in use, as registered
 
     # -- marks ---------------------------------------------------------------------------------------
@@ -94,6 +99,11 @@ class CommProbe:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
+
+    def take_noise_times(self) -> list[float]:
+        """The host seconds of the norms taken since the last call (the step that just closed)."""
+        taken, self.noise_times = self.noise_times, []
+        return taken
 
     def take(self) -> list[PendingCollective]:
         """The collectives launched since the last call (the step that just closed)."""
@@ -116,10 +126,12 @@ class CommProbe:
         def done(fut: Any) -> Any:
             record.end = self.mark()
             value = fut.value()
+            started = time.perf_counter()
             try:  # the averaged bucket, as the hook hands it back to DDP (a tensor)
                 record.reduced_sq = squared_norm(value[0] if isinstance(value, list) else value)
             except Exception as exc:
                 warn_once("gns-after", f"cannot take a reduced bucket's norm ({exc}); no noise scale")
+            self.noise_times.append(time.perf_counter() - started)
             return value
 
         return done
@@ -134,7 +146,7 @@ class CommProbe:
         def timed_hook(state: Any, bucket: Any) -> Any:
             start = probe.mark()
             # Before the hook: hooks divide and reduce the bucket in place.
-            local_sq = _local_squared_norm(bucket) if probe.noise_scale else None
+            local_sq = _local_squared_norm(probe, bucket) if probe.noise_scale else None
             sent: list[tuple[str, int, str]] = []
             probe._local.sent = sent
             try:
@@ -244,12 +256,15 @@ class CommProbe:
         return collective
 
 
-def _local_squared_norm(bucket: Any) -> Any:
+def _local_squared_norm(probe: CommProbe, bucket: Any) -> Any:
+    started = time.perf_counter()
     try:
         return squared_norm(bucket.buffer())
     except Exception as exc:  # never the training's problem: this step just has no noise scale
         warn_once("gns-before", f"cannot take a gradient bucket's norm ({exc}); no noise scale")
         return None
+    finally:
+        probe.noise_times.append(time.perf_counter() - started)
 
 
 # No annotations: DDP checks a hook's annotations, and `from __future__ import annotations` makes them strings.
@@ -265,7 +280,7 @@ def timed_allreduce_hook(probe, bucket):  # type: ignore[no-untyped-def]
     group = probe.process_group
     tensor = bucket.buffer()
     # This rank's gradient, before the division below changes the bucket in place.
-    local_sq = _local_squared_norm(bucket) if probe.noise_scale else None
+    local_sq = _local_squared_norm(probe, bucket) if probe.noise_scale else None
     # Divide first, as allreduce_hook does, so that 16-bit gradients cannot overflow in the sum. (Without
     # any hook DDP folds this division into its copy into the bucket: the one pass a hook adds.)
     tensor.div_(group.size())
@@ -292,10 +307,12 @@ def timed_allreduce_hook(probe, bucket):  # type: ignore[no-untyped-def]
     def done_with_norm(fut):  # type: ignore[no-untyped-def]
         record.end = probe.mark()
         averaged = fut.value()[0]
+        started = time.perf_counter()
         try:
             record.reduced_sq = squared_norm(averaged)
         except Exception as exc:
             warn_once("gns-after", f"cannot take a reduced bucket's norm ({exc}); no noise scale")
+        probe.noise_times.append(time.perf_counter() - started)
         return averaged
 
     return fut.then(done_with_norm)
