@@ -526,7 +526,9 @@ def sweep(out: Path, steps: int) -> dict[str, Any]:
         results[name] = {"step_ms": step_ms, "mfu": mfu, "peak_gib": peak, "recorded_peak": recorded,
                          "b_simple": ns.b_simple if ns else None}  # fmt: skip
         if ns is not None:
-            print(f"  noise scale of {name}: B_simple {ns.b_simple} [{ns.ci_low}, {ns.ci_high}] over {ns.steps} steps ({ns.method})")
+            print(
+                f"  noise scale of {name}: B_simple {ns.b_simple} [{ns.ci_low}, {ns.ci_high}] over {ns.steps} steps ({ns.method})"
+            )
         print(f"{precision:<11} {batch:>5} {accumulate:>5} {step_ms:>10.2f} {mfu if mfu is not None else '-':>7} "
               f"{peak if peak is not None else '-':>17} {recorded if recorded is not None else '-':>13}")  # fmt: skip
         del trainer
@@ -569,7 +571,7 @@ def advice_check(out: Path) -> dict[str, Any]:
     for batch in (8, 32, 64):
         base = analyze(root / f"32-true-b{batch}-a1")
         advice = advise([base], AdviceOptions(whatif=False))
-        rec = next((r for r in advice.recommendations if r.id == "precision_bf16"), None)
+        rec = next((r for r in advice.recommendations if r.id == "precision.bf16"), None)
         measured_ms = analyze(root / f"bf16-mixed-b{batch}-a1").step_time.median_ms
         if rec is None or rec.predicted is None:
             print(

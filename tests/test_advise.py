@@ -10,6 +10,7 @@ import tarfile
 from dataclasses import replace
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from tests.synthetic import make_run
@@ -27,7 +28,7 @@ from tuneup.advise.step_model import (
 )
 from tuneup.analyze.model import CollectiveFit, from_json
 from tuneup.cli import main
-from tuneup.report import analyze, build_report, write_report
+from tuneup.report import analyze, build_report, report_schema, write_report
 
 SWEEP = Path(__file__).parent / "data" / "h200_sweep.tgz"
 
@@ -137,6 +138,27 @@ def test_interference_is_measured_against_a_one_rank_run() -> None:
     assert not alone.interference_known and any("interference" in n for n in alone.notes)
 
 
+def test_unmeasured_interference_spans_both_readings_and_reproduces_the_run() -> None:
+    fit = CollectiveFit("all_reduce", alpha_us=10.0, beta_ns_per_byte=1.0, busbw_gbytes_per_s=1.0,
+                        r_squared=1.0, points=10, sizes=3, notes=[])  # fmt: skip
+    # 20 ms of compute, collectives 12 ms of which 4 ms exposed: 8 ms ran beside backward.
+    comm = dict(comm_ms=12.0, exposed_ms=4.0, bucket_bytes=(1_000_000, 1_000_000), fits=(fit,))
+    for cpus, point in ((2, "serialized"), (64, "overlapped")):
+        run = obs(16, 20.0, world=2, cpu_count=cpus, **comm)
+        model = fit_step_model([run])
+        assert model.variants[0].name == point
+        here = model.predict(Setting(16, 1, 2)).mean_ms
+        assert here.value == pytest.approx(
+            run.step_mean_ms, rel=1e-6
+        )  # both readings agree on the run itself
+        # Accumulating 2 micro-batches: the serialized reading's first micro-batch runs without the 8 ms.
+        two = model.predict(Setting(16, 2, 2)).mean_ms
+        overlap_only = run.step_mean_ms + 20.0
+        serialized = run.step_mean_ms + 20.0 - 8.0
+        assert two.low <= serialized * 1.0001 and two.high >= overlap_only * 0.9999
+        assert two.value == pytest.approx(serialized if point == "serialized" else overlap_only, rel=1e-6)
+
+
 # -- outcomes ------------------------------------------------------------------------------------------
 
 
@@ -194,7 +216,7 @@ def test_h200_runs_predict_unseen_batch_sizes(sweep: Path) -> None:
 def test_h200_bf16_advice_brackets_the_measured_bf16_step(sweep: Path) -> None:
     base = analyze(sweep / "32-true-b32-a1")
     advice = advise([base], AdviceOptions(whatif=False))
-    rec = next(r for r in advice.recommendations if r.id == "precision_bf16")
+    rec = next(r for r in advice.recommendations if r.id == "precision.bf16")
     measured = analyze(sweep / "bf16-mixed-b32-a1").step_time.median_ms
     assert rec.predicted is not None
     assert rec.predicted.step_ms.low <= measured <= rec.predicted.step_ms.high
@@ -236,6 +258,10 @@ def test_report_has_recommendations_after_the_summary(tmp_path: Path) -> None:
     document = json.loads((tmp_path / "out" / "report.json").read_text())
     assert "recommendations" in document
     assert isinstance(document["recommendations"], dict)
+    validator = jsonschema.validators.validator_for(report_schema())(report_schema())
+    validator.validate(document)
+    broken = {**document, "recommendations": {"runs": "r1"}}
+    assert not validator.is_valid(broken)
     assert from_json(document).run.run_id == "r1"  # readers of the analysis skip the advice
     assert written.files
     assert build_report(run)["recommendations"]["objective"] in ("samples/s", "goodput")

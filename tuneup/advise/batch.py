@@ -127,7 +127,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
                 )
             )
         rec = ctx.recommendation(
-            id="batch_size",
+            id="batch.size",
             title=(
                 f"Use a per-rank batch of {setting.batch_size}"
                 + (f" with accumulation {accumulation}" if accumulation is not None else "")

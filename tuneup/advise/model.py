@@ -115,6 +115,7 @@ class ModelTerms:
     fit_error: float | None = decimals(4)  # the largest relative error on the runs it was fitted to
     median_over_mean: float = decimals(4)
     notes: list[str] = field(default_factory=list)
+    interference_measured: bool = False  # against a one-rank run; else assumed (the notes say how)
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         "memory-bound)",
     ]
     rec = ctx.recommendation(
-        id="precision_bf16",
+        id="precision.bf16",
         title="Train in bf16-mixed",
         changes=[Change("precision", o.precision or "32-true", "bf16-mixed")],
         proposed=proposed,

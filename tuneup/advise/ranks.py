@@ -82,6 +82,8 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     if late is not None and straggler is not None and late.rank == rank:
         evidence.append(late.summary)
     host = a.run.hosts.get(str(rank))
+    if host:
+        evidence.append(f"rank {rank} runs on host {host}")
     cause = None
     for c in a.telemetry.cpu_contention:
         if rank in c.ranks and c.contended:

@@ -10,12 +10,17 @@ The model (Pollux/AdaptDL's, with the terms tuneup measures):
     step                 T = s·D(b) + (s−1)·C(b) + T_opt + optimizer + other
 
 F and B are the forward and backward shares of C(b); s the micro-batches per step; p the world size; f the
-bytes a compressing hook sends per byte of gradient. γ ≥ 1 says how well the collectives overlap backward
+bytes a compressing hook sends per byte of gradient. S is held to what the run measured (the link fit only
+says how it changes with bytes, world size or link). γ ≥ 1 says how well the collectives overlap backward
 (γ = 1: not at all; large: fully), fitted from the exposed wait the run measured against S. I is
 *interference*: compute made slower by concurrent collectives (on CPU they share cores and memory
-bandwidth; on GPUs NCCL kernels share SMs). It is measured only where runs at one rank and at several
-ranks are both given (the same batch size's compute, with and without collectives); otherwise it is
-inside C(b) and does not change with S, which the model says in its notes.
+bandwidth; on GPUs NCCL kernels share SMs). It is measured where runs at one rank and at several ranks are
+both given (the same batch size's compute, with and without collectives). From multi-rank runs alone it is
+not, and the model keeps two readings of the run: "overlapped" (the collectives cost backward nothing; γ
+fitted) and "serialized" (every millisecond they overlapped was taken from backward; γ = 1 on a compute line
+without it). Both reproduce the run; they differ on what changes, such as accumulation (whose first
+micro-batches run without collectives). The point takes the serialized reading for a CPU rank without a
+spare core and the overlapped one on GPUs; the interval spans both.
 
 With one batch size seen, α and β cannot both be known: AdaptDL fixes α at half the compute, and the
 interval spans α from 0 (compute proportional to the batch) to all of it (compute fixed).
@@ -158,26 +163,55 @@ def sync_ms(
 
 
 @dataclass(frozen=True, slots=True)
+class Overlap:
+    """One reading of how the collectives shared the step with backward: the compute line it implies, γ
+    (None: unknown, anywhere from none to complete), and interference per world size (ms per step at the
+    base run's collectives)."""
+
+    line: _Line
+    gamma: float | None
+    interference_ms: dict[int, float]
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class StepTimeModel:
     base: Observation  # the run whose setting is "current"
-    line: _Line
     backward_share: float
     data_ms_per_sample: float
     optimizer_ms: float
     other_ms: float
     fits: tuple[CollectiveFit, ...]
     bucket_bytes: tuple[float, ...]
-    gamma: float | None
-    gamma_known: bool
-    base_sync_ms: float | None
-    interference_ms: dict[int, float]  # world size -> compute slowed by collectives, per step
-    interference_known: bool
+    # The measured collective time per step over the link model's, at the base run: the model predicts
+    # how the collectives change, the measurement says how long they took (1.0 where none was measured).
+    sync_scale: float
+    base_sync_ms: float | None  # the collectives per step at the base run, as measured (or modelled)
+    # variants[0] is the point; the interval spans them all. Several where interference was not measured.
+    variants: tuple[Overlap, ...]
+    interference_known: bool  # measured against a one-rank run
     median_over_mean: float
     fit_error: float | None
     runs: int
     world_sizes: tuple[int, ...]
     batch_sizes: tuple[int, ...]
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def line(self) -> _Line:
+        return self.variants[0].line
+
+    @property
+    def gamma(self) -> float | None:
+        return self.variants[0].gamma
+
+    @property
+    def gamma_known(self) -> bool:
+        return self.variants[0].gamma is not None
+
+    @property
+    def interference_ms(self) -> dict[int, float]:
+        return self.variants[0].interference_ms
 
     # -- prediction ----------------------------------------------------------------------------------
 
@@ -196,22 +230,20 @@ class StepTimeModel:
         `data_ms_per_sample` replaces the loader's wait; `fits` another link's alpha-beta."""
         b, s, p = setting.batch_size, setting.accumulate_grad_batches, setting.world_size
         scale = compute_scale or Range(1.0, 1.0, 1.0)
-        compute = self.line.at(b)
-        c_lo, c_hi = self.line.spread(b)
         delta = self.data_ms_per_sample if data_ms_per_sample is None else data_ms_per_sample
         data = s * delta * b
-        sync = sync_ms(
+        modelled = sync_ms(
             fits if fits is not None else self.fits, self.bucket_bytes, p, setting.comm_bytes_factor
         )
-        sync_unknown = sync is None
-        sync = sync or 0.0
+        sync_unknown = modelled is None
+        # Another link's fit is taken as it is; the run's own is held to what the run measured.
+        sync = (modelled or 0.0) * (self.sync_scale if fits is None else 1.0)
 
-        def step(c: float, k: float, gamma: float | None) -> tuple[float, dict[str, float]]:
+        def step(v: Overlap, c: float, k: float, gamma: float | None) -> tuple[float, dict[str, float]]:
             c *= k
             fwd, bwd = c * (1 - self.backward_share), c * self.backward_share
-            g = gamma if gamma is not None else GAMMA_MAX
-            last = fwd + overlapped_ms(bwd, sync, g)
-            interference = self._interference(p, sync)
+            last = fwd + overlapped_ms(bwd, sync, gamma if gamma is not None else GAMMA_MAX)
+            interference = self._interference(p, sync, v.interference_ms)
             total = data + (s - 1) * c + last + interference + self.optimizer_ms + self.other_ms
             terms = {
                 "data": data,
@@ -224,16 +256,22 @@ class StepTimeModel:
             }
             return total, terms
 
-        gamma = self.gamma
+        point = self.variants[0]
+        gamma = point.gamma
         if gamma is None and p > 1 and not self.base.on_gpu and (self.base.cpu_count or 0) / p < 2:
             # A CPU rank without a spare core: gloo's reduction and copies run on the cores that compute,
             # so the collectives add to backward instead of hiding behind it.
             gamma = 1.0
-        mid, terms = step(compute, scale.value, gamma)
-        # The interval: the fit's compute range at the scale's ends and, where γ was not measured, overlap
-        # anywhere from none to complete.
-        gammas = (self.gamma,) if self.gamma_known or p <= 1 else (1.0, GAMMA_MAX)
-        ends = [step(c, k, g)[0] for c in (c_lo, c_hi) for k in (scale.low, scale.high) for g in gammas]
+        mid, terms = step(point, point.line.at(b), scale.value, gamma)
+        # The interval: every reading of the overlap, the fit's compute range, the scale's ends, and, where γ
+        # is unknown, overlap anywhere from none to complete.
+        ends = [
+            step(v, c, k, g)[0]
+            for v in self.variants
+            for c in v.line.spread(b)
+            for k in (scale.low, scale.high)
+            for g in ((v.gamma,) if v.gamma is not None or p <= 1 else (1.0, GAMMA_MAX))
+        ]
         lo, hi = min(*ends, mid), max(*ends, mid)
         err = MODEL_ERROR if self.fit_error is None else max(MODEL_ERROR, self.fit_error)
         if not self.interference_known and p != self.base.world_size and p > 1:
@@ -243,13 +281,12 @@ class StepTimeModel:
         mean = Range(mid, lo * (1 - err), hi * (1 + err))
         return StepPrediction(mean, mean.scaled(self.median_over_mean), terms)
 
-    def _interference(self, world_size: int, sync: float) -> float:
-        if world_size <= 1 or not self.interference_known:
-            # Unmeasured: whatever there was is inside the base run's compute, at its own collectives.
+    def _interference(self, world_size: int, sync: float, table: dict[int, float]) -> float:
+        if world_size <= 1 or not table:
             return 0.0
-        base = self.interference_ms.get(world_size)
+        base = table.get(world_size)
         if base is None:
-            known = [v for k, v in self.interference_ms.items() if k > 1]
+            known = [v for k, v in table.items() if k > 1]
             base = statistics.fmean(known) if known else 0.0
         if self.base_sync_ms and self.base_sync_ms > 0:
             return base * sync / self.base_sync_ms
@@ -269,13 +306,12 @@ class StepTimeModel:
             other_ms=self.other_ms,
             sync_ms=self.base_sync_ms,
             exposed_comm_ms=self.base.exposed_ms,
-            interference_ms=self.interference_ms.get(self.base.world_size)
-            if self.interference_known
-            else None,
+            interference_ms=self.interference_ms.get(self.base.world_size) if self.interference_ms else None,
             overlap_gamma=self.gamma,
             fit_error=self.fit_error,
             median_over_mean=self.median_over_mean,
             notes=list(self.notes),
+            interference_measured=self.interference_known,
         )
 
 
@@ -315,23 +351,6 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     line = _fit_line([(o.batch_size, o.compute_per_micro_batch_ms) for o in ref])
     if line.prior:
         notes.append(line.prior)
-    # Interference per step at each world size: its compute above the reference line, where the
-    # reference has no collectives (one rank).
-    interference: dict[int, float] = {}
-    interference_known = ref_world == 1 and len(by_world) > 1
-    if interference_known:
-        for w, group in by_world.items():
-            if w > 1:
-                interference[w] = statistics.fmean(
-                    max(0.0, (o.compute_per_micro_batch_ms - line.at(o.batch_size)) * o.accumulation)
-                    for o in group
-                )
-    elif max(by_world) > 1:
-        notes.append(
-            "interference (compute slowed by concurrent collectives) is not separated: it stays inside the "
-            "measured compute at the run's own collectives. Give a run at one rank of the same batch size "
-            "to measure it"
-        )
     compute_total = sum(o.forward_ms + o.backward_ms - (o.exposed_ms or 0.0) for o in observations)
     backward_total = sum(o.backward_ms - (o.exposed_ms or 0.0) for o in observations)
     backward_share = backward_total / compute_total if compute_total > 0 else 2 / 3
@@ -340,43 +359,93 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     other = statistics.fmean(o.other_ms + o.sync_ms for o in observations)
     median_over_mean = statistics.fmean(o.step_median_ms / o.step_mean_ms for o in observations)
 
-    # Collectives: the fit and buckets of the multi-rank run closest to the base.
+    # Collectives: the link fit and buckets of the multi-rank run closest to the base, held to the time
+    # its collectives took (the fit's line need not pass through this run's bucket sizes).
     multi = [o for o in observations if o.world_size > 1 and o.fits and o.bucket_bytes]
     comm_source = base if base in multi else (multi[0] if multi else None)
     fits = comm_source.fits if comm_source else ()
     buckets = tuple(float(b) for b in comm_source.bucket_bytes) if comm_source else ()
-    gammas = []
-    for o in multi:
-        s = sync_ms(o.fits, o.bucket_bytes, o.world_size)
-        if s is None:
-            continue
-        bwd_last = (o.backward_ms - (o.exposed_ms or 0.0)) / o.accumulation
-        if interference_known:
-            bwd_last -= interference.get(o.world_size, 0.0)
-        gammas.append(_solve_gamma(max(bwd_last, 0.0), s, o.exposed_ms or 0.0))
-    gamma = statistics.median(gammas) if gammas else None
-    base_sync = (
-        sync_ms(fits, buckets, base.world_size) if comm_source else (0.0 if base.world_size == 1 else None)
-    )
+    sync_scale, base_sync = 1.0, (0.0 if base.world_size == 1 else None)
+    if comm_source is not None:
+        modelled = sync_ms(fits, buckets, comm_source.world_size)
+        if modelled and comm_source.comm_ms:
+            sync_scale = comm_source.comm_ms / modelled
+        base_sync = sync_ms(fits, buckets, base.world_size)
+        base_sync = base_sync * sync_scale if base_sync is not None else None
     if not multi:
         notes.append(
             "no multi-rank run given: the collectives of a larger world size come from the link you name "
             "(--link, a `tuneup probe-network` run) and the gradient's size, with overlap unknown"
         )
 
+    def measured_sync(o: Observation) -> float | None:
+        return o.comm_ms if o.comm_ms else sync_ms(o.fits, o.bucket_bytes, o.world_size)
+
+    def solve(interference: dict[int, float]) -> float | None:
+        """γ from the multi-rank runs: the last micro-batch's backward (without the exposed wait, and
+        without the interference it carried) against the collectives' time and the exposed wait."""
+        gammas = []
+        for o in multi:
+            sync = measured_sync(o)
+            if not sync:
+                continue
+            exposed = o.exposed_ms or 0.0
+            bwd = (o.backward_ms - exposed - interference.get(o.world_size, 0.0)) / o.accumulation
+            gammas.append(_solve_gamma(max(bwd, 0.0), sync, exposed))
+        return statistics.median(gammas) if gammas else None
+
+    # How the collectives shared the step with backward.
+    if ref_world == 1 and len(by_world) > 1:
+        # Measured: a multi-rank run's compute above the one-rank line is the collectives' interference.
+        interference = {
+            w: statistics.fmean(
+                max(0.0, (o.compute_per_micro_batch_ms - line.at(o.batch_size)) * o.accumulation)
+                for o in group
+            )
+            for w, group in by_world.items()
+            if w > 1
+        }
+        variants: tuple[Overlap, ...] = (Overlap(line, solve(interference), interference, "measured"),)
+        interference_known = True
+    elif ref_world > 1:
+        # Not measured: between two readings. "Overlapped": the collectives ran beside backward at no cost
+        # to it (γ fitted to the exposed wait). "Serialized": every millisecond they overlapped was taken
+        # from backward (γ = 1 on a compute line without that time). A CPU rank without a spare core takes
+        # the second as the point (gloo reduces and copies on the cores that compute); a GPU the first
+        # (NCCL runs on a few SMs and its own copy engines).
+        def overlapped(o: Observation) -> float:
+            return max(0.0, (o.comm_ms or 0.0) - (o.exposed_ms or 0.0))
+
+        serial_line = _fit_line(
+            [(o.batch_size, o.compute_per_micro_batch_ms - overlapped(o) / o.accumulation) for o in ref]
+        )
+        overlap = Overlap(line, solve({}), {}, "overlapped")
+        serial = Overlap(serial_line, 1.0, {}, "serialized")
+        cpu_bound = not base.on_gpu and (base.cpu_count or 0) / max(1, base.ranks_per_node) < 2
+        variants = (serial, overlap) if cpu_bound else (overlap, serial)
+        interference_known = False
+        notes.append(
+            "interference (how much the collectives slowed backward) was not measured: the interval spans none "
+            "of it to all "
+            "of their overlapped time; the point takes "
+            + ("all of it (a CPU rank without a spare core)" if cpu_bound else "none (NCCL on GPUs)")
+            + ". A run at one rank of the same batch size measures it"
+        )
+    else:
+        variants = (Overlap(line, None, {}, "one rank"),)
+        interference_known = False
+
     model = StepTimeModel(
         base=base,
-        line=line,
         backward_share=backward_share,
         data_ms_per_sample=data_per_sample,
         optimizer_ms=optimizer,
         other_ms=other,
         fits=tuple(fits),
         bucket_bytes=buckets,
-        gamma=gamma,
-        gamma_known=gamma is not None,
+        sync_scale=sync_scale,
         base_sync_ms=base_sync,
-        interference_ms=interference,
+        variants=variants,
         interference_known=interference_known,
         median_over_mean=median_over_mean,
         fit_error=None,

@@ -167,7 +167,12 @@ def advice_blocks(advice: Advice | str) -> list[Block]:
                     "Communication's cost to the step",
                     f"{total:.2f} ms: exposed {m.exposed_comm_ms:.2f} ms"
                     + (
-                        f" + interference {m.interference_ms:.2f} ms (compute slowed against the one-rank run)"
+                        f" + interference {m.interference_ms:.2f} ms ("
+                        + (
+                            "compute slowed, against the one-rank run)"
+                            if m.interference_measured
+                            else "assumed: see the notes; a one-rank run of the same batch size measures it)"
+                        )
                         if m.interference_ms is not None
                         else " (at least: compute slowed by overlapping collectives is not separated without a one-rank run)"
                     ),

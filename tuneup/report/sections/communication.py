@@ -58,12 +58,17 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
                     "Waited for (exposed)",
                     ms(comm.exposed_ms_per_step) + f" ({share(comm.exposed_share_of_step)} of the step)",
                 ),
-                ("Hidden behind backward", ms(comm.overlapped_ms_per_step)),
+                ("Overlapped with backward (not free)", ms(comm.overlapped_ms_per_step)),
             ),
         ),
         Paragraph(
             "Exposed time is what the step still waited for after its last gradient bucket was handed over, "
-            "that is, after backward compute ended; the rest overlapped with backward."
+            "that is, after backward compute ended; the rest overlapped with backward. Overlapped is not free: "
+            "collectives running beside backward slow it down (on CPU they share its cores; on GPUs NCCL's "
+            "kernels share the SMs and memory). What communication cost the step in total is the exposed wait "
+            "plus that slowdown, which a run at one rank of the same batch size measures: "
+            "`tuneup advise RUN_DIR ONE_RANK_RUN_DIR` reports it as the model's interference, and the "
+            "Recommendations section shows it where it is known."
         ),
     ]
     if comm.per_rank:
@@ -268,10 +273,15 @@ def _draw_communication(analysis: RunAnalysis) -> Drawn | None:
 def _ranks_as_bars(ax: Any, ranks: list[tuple[int, float, float]]) -> None:
     ys = list(range(len(ranks)))
     exposed = [e for _, _, e in ranks]
-    hidden = [c - e for _, c, e in ranks]
+    overlapped = [c - e for _, c, e in ranks]
     ax.barh(ys, exposed, height=0.6, color=PHASE_COLORS["backward"], label="waited for (exposed)")
     ax.barh(
-        ys, hidden, left=exposed, height=0.6, color=PHASE_COLORS["forward"], label="hidden behind backward"
+        ys,
+        overlapped,
+        left=exposed,
+        height=0.6,
+        color=PHASE_COLORS["forward"],
+        label="overlapped with backward",
     )
     ax.set_yticks(ys, [f"rank {r}" for r, _, _ in ranks])
     ax.invert_yaxis()
@@ -281,7 +291,7 @@ def _ranks_as_bars(ax: Any, ranks: list[tuple[int, float, float]]) -> None:
 
 
 def _ranks_as_area(ax: Any, ranks: list[tuple[int, float, float]], analysis: RunAnalysis) -> None:
-    """Ranks along x, stacked exposed and hidden time as steps: a bar each would be thinner than a pixel."""
+    """Ranks along x, stacked exposed and overlapped time as steps: a bar each would be thinner than a pixel."""
     xs = [r for r, _, _ in ranks]
     exposed = [e for _, _, e in ranks]
     total = [c for _, c, _ in ranks]
@@ -289,7 +299,7 @@ def _ranks_as_area(ax: Any, ranks: list[tuple[int, float, float]], analysis: Run
         xs, 0, exposed, step="mid", color=PHASE_COLORS["backward"], lw=0, label="waited for (exposed)"
     )
     ax.fill_between(
-        xs, exposed, total, step="mid", color=PHASE_COLORS["forward"], lw=0, label="hidden behind backward"
+        xs, exposed, total, step="mid", color=PHASE_COLORS["forward"], lw=0, label="overlapped with backward"
     )
     least = min(ranks, key=lambda r: r[1])
     peak = max(total)
