@@ -73,7 +73,7 @@ class AdviceContext:
         objective = objective or self.objective
         current = self.current
         gain = relative_gain(current, proposed, objective)
-        knob = ", ".join(f"{c.knob} {c.current} -> {c.proposed}" for c in changes)
+        knob = ", ".join(f"{c.knob} {c.current} → {c.proposed}" for c in changes)
         if gain.value < self.min_gain:
             self.skip(
                 knob,

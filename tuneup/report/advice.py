@@ -65,7 +65,7 @@ def _figures(label: str, p: Predicted | None) -> tuple[str, str] | None:
 
 def recommendation_blocks(rec: Recommendation) -> list[Block]:
     pairs = [
-        ("Change", "; ".join(f"{c.knob}: {c.current} -> {c.proposed}" for c in rec.changes)),
+        ("Change", "; ".join(f"{c.knob}: {c.current} → {c.proposed}" for c in rec.changes)),
         ("Predicted gain", f"{rec.objective} {pct(rec.gain)}; {rec.confidence} confidence"),
     ]
     for label, p in (("Now (model)", rec.current), ("After", rec.predicted)):
