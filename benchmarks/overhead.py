@@ -1,7 +1,7 @@
 """Overhead of `TuneupCallback` on a CPU Lightning workload, A against B in one process.
 
     python benchmarks/overhead.py [--repeats 7] [--quick] [--json PATH]
-                                  [--arms a,b,...] [--sizes 2,10] [--turn-steps 2]
+                                  [--arms a,b,...] [--sizes 2,10] [--turn-steps 2] [--accumulate 1]
 
 Arms:
 
@@ -83,6 +83,8 @@ WARMUP_FRACTION = 0.2
 BLOCK_STEPS = 100
 # Lockstep fits hand the turn on every this many steps (see run_repeat).
 TURN_STEPS = 2
+# accumulate_grad_batches of every fit (--accumulate): a "step" below is then a micro-batch.
+ACCUMULATE = 1
 # Share of turns dropped at each end of the paired log ratios (pauses of the shared machine).
 TRIM_FRACTION = 0.05
 GOALS_PERCENT = {2.0: 2.0, 10.0: 0.5}
@@ -301,9 +303,10 @@ class StepTimer(L.Callback):
         if self.hook_clock is not None:
             self.hook_s.append(self.hook_clock.total_s)
         done = len(self.wall_s)
-        if self.background is not None and done in (self.warmup_steps, trainer.max_steps):
+        batches = trainer.max_steps * ACCUMULATE  # the fit's batch ends (micro-batches under accumulation)
+        if self.background is not None and done in (self.warmup_steps, batches):
             self.background_cpu_s.append(threads_cpu_s(self.background()))
-        if self.baton is not None and done % self.baton.turn_steps == 0 and done < trainer.max_steps:
+        if self.baton is not None and done % self.baton.turn_steps == 0 and done < batches:
             self.baton.pass_on(self.arm)
             self.resumed[done] = (time.perf_counter(), time.thread_time())
 
@@ -404,7 +407,8 @@ def fit_once(
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
-        max_steps=steps,
+        max_steps=steps // ACCUMULATE,
+        accumulate_grad_batches=ACCUMULATE,
         max_epochs=1,
         callbacks=[*callbacks, timer],
         logger=logger,
@@ -778,7 +782,18 @@ def main(argv: list[str] | None = None) -> int:
         help=f"steps a fit runs before handing the turn on (default {TURN_STEPS})",
     )
     p.add_argument("--sizes", default="2,10", help="step sizes in ms to measure, of 2 and 10 (default: both)")
+    p.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        help="accumulate_grad_batches (default 1); with 2 or more, tuneup measures the gradient noise scale, "
+        "and the step sizes and figures are per micro-batch",
+    )
     args = p.parse_args(argv)
+    global ACCUMULATE
+    if args.accumulate < 1 or BLOCK_STEPS % args.accumulate:
+        p.error(f"--accumulate must divide {BLOCK_STEPS}")
+    ACCUMULATE = args.accumulate
     extra = [a for a in args.arms.split(",") if a]
     unknown = [a for a in extra if a not in EXTRA_ARMS]
     if unknown:

@@ -274,7 +274,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._noise_sampling: Any = None
         self._noise_taken = False  # the current step takes the norms
         self._noise_s = 0.0  # host seconds of the current step's norms (the accumulation method)
-        self._noise_last_end: float | None = None  # perf_counter at the last step's end
+        self._noise_step_start: float | None = None  # perf_counter at the current step's first micro-batch
         self._noise_steps_seen = 0  # steps closed in this fit: the writer's steps_seen, for its policy
         # How this fit measures it (tuneup.collect.grad_noise's methods), decided at on_train_start; None: not.
         self._noise_method: str | None = None
@@ -630,7 +630,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._noise_sampling = NoiseSampling(self.noise_scale_every) if self._noise_method else None
         self._noise_taken = False
         self._noise_s = 0.0
-        self._noise_last_end = None
+        self._noise_step_start = None
         self._noise_steps_seen = 0
         self._noise_first = None
         if self._comm is not None:
@@ -640,6 +640,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def _noise_step_starts(self) -> None:
         """At the first micro-batch of a step: whether the step takes the norms. Under DDP the hooks are
         told now, before any backward of the step."""
+        # The step's own time, from its first micro-batch to its end: the time between step ends would also
+        # hold whatever runs between steps (validation, checkpoints, another fit's turn in a benchmark's
+        # lockstep), and a longer step makes the norms look cheaper than they are.
+        self._noise_step_start = time.perf_counter()
         policy = self.policy
         kept_every = 1 if self._noise_steps_seen < policy.detail_steps else policy.sample_every
         taken = self._noise_sampling.takes(self._steps_done, kept_every)
@@ -650,7 +654,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def _noise_step_ends(self) -> None:
         """At the step's end: its host time and its norms' for the sampling to choose from."""
         now = time.perf_counter()
-        last, self._noise_last_end = self._noise_last_end, now
+        started, self._noise_step_start = self._noise_step_start, None
         self._noise_steps_seen += 1
         norm_s = None
         if self._noise_taken:
@@ -659,7 +663,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 norm_s = sum(times) if times else None
             else:
                 norm_s, self._noise_s = self._noise_s, 0.0
-        self._noise_sampling.observe(None if last is None else now - last, norm_s)
+        self._noise_sampling.observe(None if started is None else now - started, norm_s)
 
     def _noise_first_micro_batch(self, clock: StepClock, pl_module: Any) -> None:
         """The accumulation method: the gradient after the step's first micro-batch (a device tensor)."""
