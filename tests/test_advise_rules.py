@@ -111,7 +111,7 @@ def test_other_processes_on_the_cores_make_it_a_measurement_not_advice(starved: 
     a = dataclasses.replace(a, telemetry=dataclasses.replace(a.telemetry, cpu_contention=[busy]))
     ctx = context(a)
     assert data_loading.recommend(ctx) == []
-    reason = next(r for k, r in knobs(ctx).items() if k.startswith("num_workers 0 -> 1"))
+    reason = next(r for k, r in knobs(ctx).items() if k.startswith("num_workers 0 → 1"))
     # Loading and training take turns on the one free core: the interval reaches below no gain.
     assert "[-" in reason
 
