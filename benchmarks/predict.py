@@ -2,9 +2,11 @@
 then predict the median step at batch 24 and 64, at accumulation 4, and at world size 2 (DDP over gloo,
 with the link measured by `tuneup probe-network`), and measure each.
 
-    python benchmarks/predict.py [--steps 60] [--out DIR]
+    python benchmarks/predict.py [--model lm|mlp] [--steps 60] [--out DIR]
     python benchmarks/predict.py --runs FIT_RUN... --check RUN...   # any recorded runs (e.g. a GPU sweep)
 
+The workload is the demo's transformer language model (`--model lm`, the default) or a 5 M-parameter
+MLP (`--model mlp`, whose one-thread GEMM time is far from linear in the batch: the model's weak case).
 Every run uses one torch thread per rank, so that one rank and two ranks on a 2-core machine compute at
 the same speed per rank (what the model assumes of a CPU run; on GPUs each rank has its own device).
 Prints predicted vs measured with the interval, and whether the measurement fell inside it.
@@ -55,20 +57,28 @@ def worker(args: argparse.Namespace) -> None:
 
     n = args.batch * args.accum * args.devices * (args.steps + 2)
     g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(n, 256, generator=g), torch.randint(0, 10, (n,), generator=g))
+    if args.model == "lm":
+        # The demo's transformer language model (tuneup/demo.py) on its Markov tokens.
+        from tuneup.demo import _markov_tokens, _TokenDataset, build_model
+
+        module: Any = build_model()
+        data: Any = _TokenDataset(_markov_tokens(n))
+    else:
+        module = Mlp()
+        data = TensorDataset(torch.randn(n, 256, generator=g), torch.randint(0, 10, (n,), generator=g))
     trainer = L.Trainer(
         accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
         max_steps=args.steps, accumulate_grad_batches=args.accum, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
         callbacks=[TuneupCallback(dirpath=args.run_dir, telemetry_interval_s=1.0)],
     )  # fmt: skip
-    trainer.fit(Mlp(), DataLoader(data, batch_size=args.batch))
+    trainer.fit(module, DataLoader(data, batch_size=args.batch))
 
 
-def _record(out: Path, batch: int, accum: int, world: int, steps: int) -> Path:
+def _record(out: Path, batch: int, accum: int, world: int, steps: int, model: str) -> Path:
     run_dir = out / f"b{batch}-a{accum}-w{world}"
     cmd = [sys.executable, __file__, "--worker", "--batch", str(batch), "--accum", str(accum),
-           "--devices", str(world), "--steps", str(steps), "--run-dir", str(run_dir)]  # fmt: skip
+           "--devices", str(world), "--steps", str(steps), "--run-dir", str(run_dir), "--model", model]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(
         cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900
@@ -119,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", nargs="*", type=Path, help="recorded runs to fit to (skips recording)")
     parser.add_argument("--check", nargs="*", type=Path, help="recorded runs to predict")
     parser.add_argument("--link", type=Path, help="a probe-network run for other world sizes")
+    parser.add_argument(
+        "--model", default="lm", choices=["lm", "mlp"], help="the demo's transformer LM (default) or an MLP"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--accum", type=int, default=1, help=argparse.SUPPRESS)
@@ -132,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         compare(args.runs, args.check or [], args.link)
         return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="tuneup-predict-"))
-    fit_dirs = [_record(out, b, a, w, args.steps) for b, a, w in FIT]
-    check_dirs = [_record(out, b, a, w, args.steps) for b, a, w in CHECK]
+    fit_dirs = [_record(out, b, a, w, args.steps, args.model) for b, a, w in FIT]
+    check_dirs = [_record(out, b, a, w, args.steps, args.model) for b, a, w in CHECK]
     compare(fit_dirs, check_dirs, _probe(out))
     print(f"runs in {out}")
     return 0
