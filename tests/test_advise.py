@@ -296,3 +296,24 @@ def test_ranges_scale() -> None:
     r = Range(2.0, 1.0, 3.0).scaled(-1.0)
     assert (r.value, r.low, r.high) == (-2.0, -3.0, -1.0)
     assert math.isclose(replace(r, value=0.0).value, 0.0)
+
+
+def test_advice_needs_no_torch() -> None:
+    # The advice sits above the analysis and the catalogs: a report.json is advised on where torch is
+    # not installed (a CI runner, a laptop).
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[1] / "reports" / "example" / "report.json"
+    code = (
+        "import json, sys\n"
+        "from tuneup.analyze.model import from_json\n"
+        "from tuneup.advise import advise\n"
+        "from tuneup.report.advice import advice_blocks\n"
+        f"advice = advise([from_json(json.load(open({str(example)!r})))])\n"
+        "advice_blocks(advice)\n"
+        "assert advice.considered\n"
+        "assert 'torch' not in sys.modules and 'lightning' not in sys.modules, 'torch imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
