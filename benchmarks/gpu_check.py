@@ -588,20 +588,16 @@ def advice_check(out: Path) -> dict[str, Any]:
         }
         print(f"  bf16-mixed at batch {batch}: predicted {p.value:.2f} ms [{p.low:.2f}, {p.high:.2f}], measured "
               f"{measured_ms:.2f} ms ({measured_ms / p.value - 1:+.1%} from the point; inside: {inside})")  # fmt: skip
-    from tuneup.advise.batch import _memory_line
-    from tuneup.advise.context import AdviceContext
+    from tuneup.advise.memory import memory_model
 
-    runs = [analyze(root / f"32-true-b{b}-a1") for b in (8, 16, 32)]
-    observations = [observe(a) for a in runs]
-    ctx = AdviceContext(runs[0], runs, observations[0], fit_step_model(observations), None, "samples/s",  # type: ignore[arg-type]
-                        model_observations=observations)  # fmt: skip
-    line = _memory_line(ctx)
+    observations = [observe(analyze(root / f"32-true-b{b}-a1")) for b in (8, 16, 32)]
+    line = memory_model(observations, observations[0])
     measured64 = observe(analyze(root / "32-true-b64-a1")).gpu_peak_allocated_bytes
     if line is not None and measured64:
-        predicted64 = line[0] + line[1] * 64
+        predicted64 = line.peak_bytes(64, 1)
         result["memory_b64"] = {"predicted_bytes": predicted64, "measured_bytes": measured64}
         print(f"  peak memory at batch 64: predicted {predicted64 / 2**30:.2f} GiB, measured {measured64 / 2**30:.2f} GiB "
-              f"({predicted64 / measured64 - 1:+.1%})")  # fmt: skip
+              f"({predicted64 / measured64 - 1:+.1%}; {line.basis})")  # fmt: skip
     return result
 
 

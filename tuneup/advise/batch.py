@@ -14,33 +14,8 @@ from dataclasses import replace
 
 from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
+from tuneup.advise.memory import MEMORY_HEADROOM, memory_model
 from tuneup.advise.model import Change, Recommendation, Setting
-
-# Headroom kept free on the GPU: the caching allocator's fragmentation and the next step's peaks.
-MEMORY_HEADROOM = 0.10
-# Bytes per parameter held whatever the batch: weights, gradients and Adam's two moments in fp32.
-STATE_BYTES_PER_PARAMETER = 16
-
-
-def _memory_line(ctx: AdviceContext) -> tuple[float, float] | None:
-    """(fixed bytes, bytes per sample) of the GPU's peak allocation: fitted where runs at two batch sizes
-    recorded it, else the fixed part from the parameter count."""
-    points = sorted(
-        {
-            (o.batch_size, o.gpu_peak_allocated_bytes)
-            for o in ctx.model_observations
-            if o.gpu_peak_allocated_bytes
-        }
-    )
-    if len({b for b, _ in points}) >= 2:
-        (b0, m0), (b1, m1) = points[0], points[-1]
-        slope = max(0.0, (m1 - m0) / (b1 - b0))
-        return max(0.0, m0 - slope * b0), slope
-    o = ctx.observation
-    if not o.gpu_peak_allocated_bytes:
-        return None
-    fixed = min(o.gpu_peak_allocated_bytes * 0.9, (o.parameters or 0) * STATE_BYTES_PER_PARAMETER)
-    return fixed, (o.gpu_peak_allocated_bytes - fixed) / o.batch_size
 
 
 def _candidates(current: Setting) -> list[Setting]:
@@ -62,7 +37,7 @@ def _confidence(ctx: AdviceContext, batch: int) -> str:
 def recommend(ctx: AdviceContext) -> list[Recommendation]:
     o = ctx.observation
     current = ctx.setting
-    memory = _memory_line(ctx) if o.on_gpu else None
+    memory = memory_model(ctx.model_observations or [o], o) if o.on_gpu else None
     best: tuple[float, Recommendation] | None = None
     for setting in _candidates(current):
         knob = f"batch size {current.batch_size} -> {setting.batch_size}" + (
@@ -78,8 +53,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             f"per sample per micro-batch, from batch sizes {', '.join(map(str, ctx.model.batch_sizes))}",
         ]
         if memory is not None and o.gpu_mem_total_bytes:
-            fixed, per_sample = memory
-            need = fixed + per_sample * setting.batch_size
+            need = memory.peak_bytes(setting.batch_size, setting.world_size)
             limit = o.gpu_mem_total_bytes * (1 - MEMORY_HEADROOM)
             if need > limit:
                 ctx.skip(

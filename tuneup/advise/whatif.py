@@ -24,6 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tuneup.advise.context import AdviceContext
+from tuneup.advise.memory import (
+    DDP_BUCKET_BYTES_PER_PARAMETER,
+    MEMORY_HEADROOM,
+    MemoryModel,
+    memory_model,
+)
 from tuneup.advise.model import Considered, Predicted, Range, Setting, WhatIf, WhatIfRow
 from tuneup.advise.outcomes import Economics, outcome
 from tuneup.advise.step_model import StepPrediction, StepTimeModel, with_link
@@ -40,14 +46,6 @@ GIB = 1024**3
 # MLPs; a bare peak ratio is cruder (memory-bound kernels follow memory bandwidth, a small model may not
 # fill a bigger GPU), so the band is about twice Habitat's mean error.
 COMPUTE_SCALE_ERROR = 0.25
-# Of the GPU's memory, what stays free: the CUDA context and the caching allocator's fragmentation are not
-# in the allocator's peak of allocated bytes.
-MEMORY_HEADROOM = 0.10
-# fp32 weights (4), gradients (4) and Adam's two moments (8): what does not grow with the batch.
-STATIC_BYTES_PER_PARAMETER = 16
-# DDP's gradient buckets: a gradient-sized copy (gradient_as_bucket_view=False, DDP's default), present
-# only where the run itself had one rank.
-DDP_BUCKET_BYTES_PER_PARAMETER = 4
 # NCCL's own latency model (src/graph/tuning.cc, Ring/Simple, the protocol of MB-sized buckets): per ring
 # step on each kind of hop, and once per collective.
 NCCL_RING_STEP_LATENCY_US = {"nvlink": 3.4, "pcie": 5.7, "net": 9.6}
@@ -182,39 +180,6 @@ def slower_link(a: Link, b: Link) -> Link:
 
 
 # -- memory ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryModel:
-    """Peak allocated bytes per GPU at micro-batch b: fixed + per_sample·b (+ DDP's buckets)."""
-
-    fixed_bytes: float
-    per_sample_bytes: float
-    ddp_bucket_bytes: float  # added where the target has several GPUs and the run had one
-    basis: str
-
-    def peak_bytes(self, batch_size: int, world_size: int) -> float:
-        ddp = self.ddp_bucket_bytes if world_size > 1 else 0.0
-        return self.fixed_bytes + self.per_sample_bytes * batch_size + ddp
-
-
-def memory_model(
-    peak_bytes: int | None, parameters: int | None, batch_size: int, world_size: int
-) -> MemoryModel | None:
-    if peak_bytes is None:
-        return None
-    ddp = DDP_BUCKET_BYTES_PER_PARAMETER * parameters if parameters and world_size == 1 else 0.0
-    static = STATIC_BYTES_PER_PARAMETER * parameters if parameters else None
-    if static is not None and static < peak_bytes:
-        basis = (
-            f"peak = {STATIC_BYTES_PER_PARAMETER} bytes per parameter (fp32 weights, gradients, Adam's moments) "
-            "+ activations in proportion to the micro-batch, from the run's measured peak"
-        )
-        return MemoryModel(static, (peak_bytes - static) / batch_size, ddp, basis)
-    # The peak is under Adam's states (another optimizer, or fewer parameters trained): split it in half,
-    # as the step model splits one batch size's compute.
-    basis = "peak = half fixed, half in proportion to the micro-batch (the run's peak is under 16 bytes/parameter)"
-    return MemoryModel(peak_bytes / 2, peak_bytes / 2 / batch_size, ddp, basis)
 
 
 # -- batch -------------------------------------------------------------------------------------------
@@ -536,7 +501,7 @@ def what_if(
     # Gradients are in the parameters' dtype: fp32 under mixed precision, 16-bit only for "*-true" 16-bit.
     bytes_per_element = 2 if o.precision in ("bf16-true", "16-true") else 4
     gradient_bytes = float(o.parameters * bytes_per_element) if o.parameters else 0.0
-    memory = memory_model(o.gpu_peak_allocated_bytes, o.parameters, o.batch_size, o.world_size)
+    memory = memory_model(ctx.model_observations or [o], o)
     save_s, save_basis = _checkpoint_save_s(ctx)
     rate = options.interruptions_per_hour
     rate_given = rate is not None and rate > 0
