@@ -32,6 +32,10 @@ def advice_for(analysis: RunAnalysis) -> Advice | str:
     return result
 
 
+# Instances the terminal shows of the what-if (the report and --format md show them all).
+WHATIF_TEXT_ROWS = 5
+
+
 def pct(r: Range) -> str:
     return f"{r.value:+.1%} [{r.low:+.1%}, {r.high:+.1%}]"
 
@@ -188,15 +192,16 @@ def advice_blocks(advice: Advice | str) -> list[Block]:
 
 
 def advice_text(advice: Advice | str, limit: int | None = None) -> list[str]:
-    """Plain lines: each recommendation's headline, its code and its evidence (`limit`: headlines only,
-    the first `limit` of them)."""
+    """Plain lines (`tuneup advise`): each recommendation's headline, figures, evidence and code, then what
+    was left alone and why, the best instances of the what-if, and the notes. `limit`: the first `limit`
+    headlines only (`tuneup show`)."""
     if isinstance(advice, str):
         return [f"no recommendations: {advice}"]
-    if not advice.recommendations:
-        return [
-            f"no change predicted to gain {advice.min_gain:.0%} or more ({len(advice.considered)} looked at)"
-        ]
     if limit is not None:
+        if not advice.recommendations:
+            return [
+                f"no change predicted to gain {advice.min_gain:.0%} or more ({len(advice.considered)} looked at)"
+            ]
         return [f"- {headline(r)}" for r in advice.recommendations[:limit]]
     lines: list[str] = []
     for i, rec in enumerate(advice.recommendations, 1):
@@ -210,4 +215,30 @@ def advice_text(advice: Advice | str, limit: int | None = None) -> list[str]:
         lines.append("   code:")
         lines.extend(f"     {line}" for line in rec.code.splitlines())
         lines.append("")
+    if not advice.recommendations:
+        lines += [
+            f"no change is predicted to gain {advice.min_gain:.0%} or more with the evidence in this run",
+            "",
+        ]
+    if advice.considered:
+        lines.append("looked at and left alone:")
+        lines.extend(f"  - {c.knob}: {c.reason}" for c in advice.considered)
+        lines.append("")
+    w = advice.whatif
+    if w is not None and w.rows:
+        shown = w.rows[:WHATIF_TEXT_ROWS]
+        lines.append(
+            f"other instances for this workload (global batch {w.global_batch}, ranked by {w.ranked_by}), "
+            f"best {len(shown)} of {len(w.rows)} (--format md for all, with the assumptions):"
+        )
+        for r in shown:
+            step = _ms(r.step_ms) if r.step_ms else "-"
+            lines.append(
+                f"  - {r.instance}{' (spot)' if r.spot else ''}: {r.gpus} x {r.gpu}, ${r.usd_per_hour:,.2f}/h, "
+                f"step {step}, $ per 1M samples {_usd(r.usd_per_million_samples)}"
+            )
+        lines.append("")
+    elif w is not None and w.assumptions:
+        lines += [f"other instances: {w.assumptions[0]}", ""]
+    lines.extend(f"note: {n}" for n in advice.notes)
     return lines
