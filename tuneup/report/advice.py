@@ -141,8 +141,10 @@ def advice_blocks(advice: Advice | str) -> list[Block]:
                 detail=True,
             )
         )
-        if w.assumptions:
-            out.append(Bullets(tuple(f"Assumption: {a}" for a in w.assumptions)))
+        if w.assumptions:  # folded beside the table: six long sentences would bury the recommendations
+            out.append(
+                table("What the what-if assumes", ("Assumption",), [(a,) for a in w.assumptions], detail=True)
+            )
     elif advice.whatif is not None and advice.whatif.assumptions:
         out.append(Paragraph("Other instances: " + " ".join(advice.whatif.assumptions), quiet=True))
     if advice.model is not None:
