@@ -162,10 +162,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             the steps, and takes the norms on one step in k, k the smallest power of two with
             (norm time) / (k x step time) <= 0.5% (at most 256); it starts at every step and re-chooses
             after each measured step from the medians of recent times, at most doubling k at a time, so
-            the estimate gets steps past the warm-up. On CUDA the norms are asynchronous kernels whose
-            launch takes microseconds of host time: k stays 1 there, every step, unless the host is what
-            bounds the step (their GPU time, two reads of the gradients at memory bandwidth, is not what
-            the choice measures: force a k where it matters). An integer forces one step in that many
+            the estimate gets steps past the warm-up. On CUDA automatic means every step: the norms are
+            asynchronous kernels (two reads of the gradients at memory bandwidth, small beside a step that
+            computes on them) and the host, which runs ahead, times neither them nor the step; force a k
+            for a model where they are not small. An integer forces one step in that many
             (1: every step, as before). Past ``detail_steps``, only steps the record keeps (one in
             ``sample_every``) take the norms. The record's ``noise_scale_sampling`` event gives the final
             k and the times it was chosen from.
@@ -627,7 +627,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def _start_noise_sampling(self) -> None:
         from tuneup.collect.grad_noise import NoiseSampling
 
-        self._noise_sampling = NoiseSampling(self.noise_scale_every) if self._noise_method else None
+        every = self.noise_scale_every
+        if every is None and self._on_cuda:
+            # The host can judge neither side on CUDA: the norms are asynchronous kernels, and the host runs
+            # ahead of the step (timed on the host, a 158 ms GPU step let k grow to leave 5 of 25 steps).
+            every = 1
+        self._noise_sampling = NoiseSampling(every) if self._noise_method else None
         self._noise_taken = False
         self._noise_s = 0.0
         self._noise_step_start = None
