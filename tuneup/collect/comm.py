@@ -126,12 +126,8 @@ class CommProbe:
         def done(fut: Any) -> Any:
             record.end = self.mark()
             value = fut.value()
-            started = time.perf_counter()
-            try:  # the averaged bucket, as the hook hands it back to DDP (a tensor)
-                record.reduced_sq = squared_norm(value[0] if isinstance(value, list) else value)
-            except Exception as exc:
-                warn_once("gns-after", f"cannot take a reduced bucket's norm ({exc}); no noise scale")
-            self.noise_times.append(time.perf_counter() - started)
+            # The averaged bucket, as the hook hands it back to DDP (a tensor).
+            _reduced_squared_norm(self, record, value[0] if isinstance(value, list) else value)
             return value
 
         return done
@@ -267,6 +263,15 @@ def _local_squared_norm(probe: CommProbe, bucket: Any) -> Any:
         probe.noise_times.append(time.perf_counter() - started)
 
 
+def _reduced_squared_norm(probe: CommProbe, record: PendingCollective, averaged: Any) -> None:
+    started = time.perf_counter()
+    try:
+        record.reduced_sq = squared_norm(averaged)
+    except Exception as exc:  # never the training's problem: this step just has no noise scale
+        warn_once("gns-after", f"cannot take a reduced bucket's norm ({exc}); no noise scale")
+    probe.noise_times.append(time.perf_counter() - started)
+
+
 # No annotations: DDP checks a hook's annotations, and `from __future__ import annotations` makes them strings.
 def timed_allreduce_hook(probe, bucket):  # type: ignore[no-untyped-def]
     """torch's `allreduce_hook`, timed by `probe` (the hook's state), in one piece.
@@ -307,12 +312,7 @@ def timed_allreduce_hook(probe, bucket):  # type: ignore[no-untyped-def]
     def done_with_norm(fut):  # type: ignore[no-untyped-def]
         record.end = probe.mark()
         averaged = fut.value()[0]
-        started = time.perf_counter()
-        try:
-            record.reduced_sq = squared_norm(averaged)
-        except Exception as exc:
-            warn_once("gns-after", f"cannot take a reduced bucket's norm ({exc}); no noise scale")
-        probe.noise_times.append(time.perf_counter() - started)
+        _reduced_squared_norm(probe, record, averaged)
         return averaged
 
     return fut.then(done_with_norm)

@@ -27,6 +27,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from tuneup.collect.step_clock import to_float
+
 DDP_METHOD = "ddp"
 ACCUMULATION_METHOD = "accumulation"
 
@@ -164,25 +166,16 @@ class PendingNoise:
     big_scaled: bool = True
 
 
-def _value(x: Any) -> float | None:
-    if x is None:
-        return None
-    try:
-        return float(x.item() if hasattr(x, "item") else x)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
 def noise_record(pending: PendingNoise, comm_sq: tuple[Any, Any] | None) -> dict[str, Any]:
     """The step record's gns_* fields, or {} when the step gives no finite estimate (an fp16 overflow,
     a bucket whose norms are missing)."""
     if pending.method == DDP_METHOD:
         if comm_sq is None:
             return {}
-        small, big = _value(comm_sq[0]), _value(comm_sq[1])
+        small, big = to_float(comm_sq[0]), to_float(comm_sq[1])
     else:
-        small, big = _value(pending.small_sq), _value(pending.big_sq)
-    scale = _value(pending.loss_scale)
+        small, big = to_float(pending.small_sq), to_float(pending.big_sq)
+    scale = to_float(pending.loss_scale)
     if small is None or big is None or (pending.loss_scale is not None and not scale):
         return {}
     small *= pending.small_factor

@@ -168,7 +168,8 @@ class PendingStep:
 _PENDING_END = 5  # index of PendingStep.end in the tuples the clock queues
 
 
-def _to_float(value: Any) -> float | None:
+def to_float(value: Any) -> float | None:
+    """A device tensor's (or a number's) value, read on the caller's thread; None where there is none."""
     if value is None:
         return None
     try:
@@ -404,10 +405,10 @@ class StepClock:
             "micro_batches": p.micro_batches,
             "samples": p.samples,
             "tokens": p.tokens,
-            "loss": loss if loss is None or isinstance(loss, float) else _to_float(loss),
+            "loss": loss if loss is None or isinstance(loss, float) else to_float(loss),
             "grad_norm": grad_norm
             if grad_norm is None or isinstance(grad_norm, float)
-            else _to_float(grad_norm),
+            else to_float(grad_norm),
             "peak_mem_bytes": p.peak_mem_bytes,
         }
         if p.checkpoint:
