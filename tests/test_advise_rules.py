@@ -29,9 +29,7 @@ def context(a: RunAnalysis) -> AdviceContext:
     o = observe_mod.observe(a)
     model = step_model_mod.fit_step_model([o])
     econ = Economics(None, o.tokens_per_sample, None, o.samples_per_step)
-    return AdviceContext(
-        analysis=a, analyses=[a], observation=o, model=model, economics=econ, objective="samples/s"
-    )
+    return AdviceContext(analysis=a, observation=o, model=model, economics=econ, objective="samples/s")
 
 
 def with_host(a: RunAnalysis, cpus: int, env: dict[str, str] | None = None) -> RunAnalysis:

@@ -89,7 +89,6 @@ def context(
     economics = Economics(None, o.tokens_per_sample, b_noise, o.samples_per_step)
     return AdviceContext(
         analysis=analysis,
-        analyses=[analysis],
         observation=o,
         model=fit_step_model([o]),
         economics=economics,

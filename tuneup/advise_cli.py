@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneup.advise import Advice, AdviceOptions
+from tuneup.advise.model import MIN_GAIN
 
 FORMATS = ("text", "md", "json")
 
@@ -32,7 +33,7 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
     advise.add_argument(
         "--link",
         metavar="PROBE_RUN",
-        help="a `tuneup probe-network` run whose link fit predicts collectives for other world sizes",
+        help="a `tuneup probe-network` run: the measured link the interconnect advice predicts with",
     )
     advise.add_argument(
         "--catalog", metavar="CSV", help="instances that extend the packaged catalog (what-if)"
@@ -56,7 +57,10 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
         "--nodes", type=int, default=None, help="the what-if's nodes per instance (default: 1)"
     )
     advise.add_argument(
-        "--min-gain", type=float, default=None, help="smallest predicted gain to recommend (default: 0.05)"
+        "--min-gain",
+        type=float,
+        default=MIN_GAIN,
+        help="smallest predicted gain to recommend, a fraction (default: %(default)s)",
     )
     advise.add_argument("--no-whatif", action="store_true", help="skip the what-if over instances")
 
@@ -108,9 +112,6 @@ def _options(args: argparse.Namespace, usage_error: type[Exception]) -> AdviceOp
                 f"{args.link} has no link fit; pass a run written by `tuneup probe-network` (or a multi-rank run)"
             )
         fits = tuple(probe.communication.fits)
-    kwargs: dict[str, Any] = {}
-    if args.min_gain is not None:
-        kwargs["min_gain"] = args.min_gain
     return AdviceOptions(
         link_fits=fits,
         whatif=not args.no_whatif,
@@ -120,7 +121,7 @@ def _options(args: argparse.Namespace, usage_error: type[Exception]) -> AdviceOp
         interruptions_per_hour=args.interruptions_per_hour,
         global_batch=args.global_batch,
         nodes=args.nodes,
-        **kwargs,
+        min_gain=args.min_gain,
     )
 
 

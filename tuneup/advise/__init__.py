@@ -42,13 +42,12 @@ class AdviceOptions:
     nodes: int | None = None  # the what-if's node count (default: 1)
 
 
-def _noise_scale(analysis: RunAnalysis) -> tuple[float | None, tuple[float, float] | None]:
-    """The run's gradient noise scale B_simple and its interval, where it was measured."""
+def _noise_scale(analysis: RunAnalysis) -> float | None:
+    """The run's gradient noise scale B_simple, where it was measured."""
     ns = analysis.noise_scale
     if ns is None or ns.b_simple is None or ns.b_simple <= 0:
-        return None, None
-    interval = (ns.ci_low, ns.ci_high) if ns.ci_low is not None and ns.ci_high is not None else None
-    return ns.b_simple, interval
+        return None
+    return ns.b_simple
 
 
 def _rules() -> list[Callable[..., list[Recommendation]]]:
@@ -79,20 +78,18 @@ def advise(analyses: Sequence[RunAnalysis], options: AdviceOptions | None = None
     observations = [observe(a) for a in analyses]
     model = fit_step_model(observations)
     o = observations[0]
-    b_noise, b_noise_range = _noise_scale(base)
+    b_noise = _noise_scale(base)
     usd_per_device_hour = (
         o.usd_per_hour / o.devices_priced if o.usd_per_hour is not None and o.devices_priced else None
     )
     economics = Economics(usd_per_device_hour, o.tokens_per_sample, b_noise, o.samples_per_step)
     ctx = AdviceContext(
         analysis=base,
-        analyses=analyses,
         observation=o,
         model=model,
         economics=economics,
         objective="goodput" if b_noise is not None else "samples/s",
         min_gain=options.min_gain,
-        b_noise_range=b_noise_range,
         link_fits=options.link_fits,
         model_observations=observations,
     )

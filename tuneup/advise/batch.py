@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tuneup.advise import code
-from tuneup.advise.context import AdviceContext
+from tuneup.advise.context import AdviceContext, describe
 from tuneup.advise.memory import MEMORY_HEADROOM, memory_model
 from tuneup.advise.model import Change, Recommendation, Setting
 
@@ -38,13 +38,19 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     o = ctx.observation
     current = ctx.setting
     memory = memory_model(ctx.model_observations or [o], o) if o.on_gpu else None
-    best: tuple[float, Recommendation] | None = None
+    best: Recommendation | None = None
     for setting in _candidates(current):
-        knob = f"batch size {current.batch_size} -> {setting.batch_size}" + (
-            f", accumulation {current.accumulate_grad_batches} -> {setting.accumulate_grad_batches}"
-            if setting.accumulate_grad_batches != current.accumulate_grad_batches
-            else ""
-        )
+        changes = [Change("batch_size", str(current.batch_size), str(setting.batch_size))]
+        accumulation = None
+        if setting.accumulate_grad_batches != current.accumulate_grad_batches:
+            accumulation = setting.accumulate_grad_batches
+            changes.append(
+                Change(
+                    "accumulate_grad_batches",
+                    str(current.accumulate_grad_batches),
+                    str(setting.accumulate_grad_batches),
+                )
+            )
         caveats: list[str] = []
         evidence = [
             f"step {o.step_median_ms:.1f} ms (median) at batch {o.batch_size} x {o.accumulation} micro-batch(es) "
@@ -57,7 +63,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             limit = o.gpu_mem_total_bytes * (1 - MEMORY_HEADROOM)
             if need > limit:
                 ctx.skip(
-                    knob,
+                    describe(changes),
                     f"predicted peak memory {need / 2**30:.1f} GiB exceeds {limit / 2**30:.1f} GiB "
                     f"({1 - MEMORY_HEADROOM:.0%} of the GPU's {o.gpu_mem_total_bytes / 2**30:.0f} GiB)",
                 )
@@ -69,8 +75,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         elif not o.on_gpu:
             caveats.append("memory was not checked: on CPU the batch lives in host RAM")
         proposed = ctx.predict(setting)
-        global_changes = setting.global_batch != current.global_batch
-        if global_changes:
+        if setting.global_batch != current.global_batch:
             k = setting.global_batch / current.global_batch
             caveats.append(
                 f"the global batch changes from {current.global_batch} to {setting.global_batch}: scale the "
@@ -89,17 +94,6 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
                 )
         if ctx.economics.b_noise is not None:
             evidence.append(f"gradient noise scale B_simple ~ {ctx.economics.b_noise:.0f} samples")
-        changes = [Change("batch_size", str(current.batch_size), str(setting.batch_size))]
-        accumulation = None
-        if setting.accumulate_grad_batches != current.accumulate_grad_batches:
-            accumulation = setting.accumulate_grad_batches
-            changes.append(
-                Change(
-                    "accumulate_grad_batches",
-                    str(current.accumulate_grad_batches),
-                    str(setting.accumulate_grad_batches),
-                )
-            )
         rec = ctx.recommendation(
             id="batch.size",
             title=(
@@ -117,13 +111,15 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
                 "compute against batch size instead of assuming it"
             ),
         )
-        if rec is not None and (best is None or rec.gain.value > best[0]):
+        if rec is None:
+            continue
+        if best is None or rec.gain.value > best.gain.value:
             if best is not None:
                 ctx.skip(
-                    best[1].title,
-                    f"a better batch setting was found (+{best[0]:.1%} vs +{rec.gain.value:.1%})",
+                    best.title,
+                    f"a better batch setting was found (+{best.gain.value:.1%} vs +{rec.gain.value:.1%})",
                 )
-            best = (rec.gain.value, rec)
-        elif rec is not None:
+            best = rec
+        else:
             ctx.skip(rec.title, f"predicted +{rec.gain.value:.1%}, less than another batch setting")
-    return [best[1]] if best else []
+    return [best] if best else []

@@ -36,14 +36,12 @@ def dataloader_args(args: Mapping[str, object]) -> tuple[str, str]:
 def batch_size(namespace: str | None, batch: int, accumulation: int | None) -> tuple[str, str]:
     """A per-rank batch size (Lightning's BatchSizeFinder convention: the DataLoader's batch_size, or a
     `batch_size` attribute the module or DataModule builds it from) and, where it changes, accumulation."""
-    ns = _namespace(namespace)
-    lines = [f"loader = DataLoader(dataset, ..., batch_size={batch})  # per rank"]
-    yaml = [f"data:\n  batch_size: {batch}"]
+    python, yaml = dataloader_args({"batch_size": batch})
+    python += "  # per rank"
     if accumulation is not None:
-        lines.insert(0, f"from {ns} import Trainer\n")
-        lines.append(f"trainer = Trainer(..., accumulate_grad_batches={accumulation})")
-        yaml.append(f"trainer:\n  accumulate_grad_batches: {accumulation}")
-    return "\n".join(lines), "\n".join(yaml)
+        trainer_python, trainer_yaml = trainer_args(namespace, {"accumulate_grad_batches": accumulation})
+        python, yaml = f"{python}\n\n{trainer_python}", f"{yaml}\n{trainer_yaml}"
+    return python, yaml
 
 
 def ddp_strategy(namespace: str | None, kwargs: Mapping[str, str]) -> tuple[str, str]:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Change, Recommendation
+from tuneup.analyze.interconnect import model_time_s
 
 # Communication is material when it costs the step at least this share.
 MATERIAL_SHARE = 0.05
@@ -32,7 +33,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         ctx.skip("DDP communication", "no collectives were recorded for this run (FSDP, or no DDP comm hook)")
         return []
     step = o.step_mean_ms
-    interference = ctx.model.terms().interference_ms
+    interference = ctx.model.interference_ms.get(o.world_size)
     cost_ms = o.exposed_ms + (interference or 0.0)
     share = cost_ms / step
     evidence = [
@@ -107,7 +108,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         evidence=evidence,
         code=code.trainer_args(ctx.namespace, {"accumulate_grad_batches": doubled.accumulate_grad_batches}),
         caveats=[
-            f"the global batch doubles ({current.global_batch} -> {doubled.global_batch}): scale the learning rate "
+            f"the global batch doubles ({current.global_batch} → {doubled.global_batch}): scale the learning rate "
             "(linear for SGD, square root for Adam-family) and re-check convergence",
             "training steps halve for the same samples: adjust max_steps and schedulers",
         ],
@@ -119,7 +120,10 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     # Larger buckets: fewer collectives, less latency, where alpha is material.
     fit = o.fits[0] if o.fits else None
     if fit is not None and fit.alpha_us is not None and len(o.bucket_bytes) > 1:
-        alpha_ms = len(o.bucket_bytes) * 2 * (o.world_size - 1) * fit.alpha_us / 1000.0
+        # The latency term of the ring model, once per bucket: a collective of no bytes.
+        alpha_ms = (
+            len(o.bucket_bytes) * model_time_s(fit.kind, o.world_size, 0.0, fit.alpha_us * 1e-6, 0.0) * 1e3
+        )
         if alpha_ms / step >= MATERIAL_SHARE:
             ctx.skip(
                 "bucket_cap_mb",

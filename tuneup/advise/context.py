@@ -14,20 +14,25 @@ from tuneup.advise.step_model import StepTimeModel
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
 
 
+def describe(changes: Sequence[Change]) -> str:
+    """The changes in one line, as the list of what was looked at names them."""
+    return ", ".join(f"{c.knob} {c.current} → {c.proposed}" for c in changes)
+
+
 @dataclass(slots=True)
 class AdviceContext:
     analysis: RunAnalysis  # the run whose setting is "current"
-    analyses: Sequence[RunAnalysis]
     observation: Observation
     model: StepTimeModel
     economics: Economics
     objective: str  # "goodput" where the noise scale was measured, else "samples/s"
     min_gain: float = MIN_GAIN
-    b_noise_range: tuple[float, float] | None = None
     link_fits: Sequence[CollectiveFit] | None = None  # another link to predict with (a probe run)
     considered: list[Considered] = field(default_factory=list)
 
     model_observations: Sequence[Observation] = ()  # every run the model was fitted to
+    # The model's figures at the current setting, once: every recommendation is judged against them.
+    _current: Predicted | None = field(default=None, init=False, repr=False)
 
     @property
     def namespace(self) -> str | None:
@@ -49,7 +54,9 @@ class AdviceContext:
 
     @property
     def current(self) -> Predicted:
-        return self.predict(self.setting)
+        if self._current is None:
+            self._current = self.predict(self.setting)
+        return self._current
 
     def skip(self, knob: str, reason: str) -> None:
         self.considered.append(Considered(knob, reason))
@@ -73,7 +80,7 @@ class AdviceContext:
         objective = objective or self.objective
         current = self.current
         gain = relative_gain(current, proposed, objective)
-        knob = ", ".join(f"{c.knob} {c.current} → {c.proposed}" for c in changes)
+        knob = describe(changes)
         if gain.value < self.min_gain:
             self.skip(
                 knob,

@@ -37,9 +37,6 @@ class MemoryModel:
         ddp = self.ddp_bucket_bytes if world_size > 1 else 0.0
         return self.fixed_bytes + self.per_sample_bytes * batch_size + ddp
 
-    def fits(self, batch_size: int, world_size: int, gpu_memory_bytes: float) -> bool:
-        return self.peak_bytes(batch_size, world_size) <= gpu_memory_bytes * (1 - MEMORY_HEADROOM)
-
 
 def memory_model(observations: Sequence[Observation], base: Observation) -> MemoryModel | None:
     """The memory line of `base`'s workload (None where no run recorded a GPU peak)."""

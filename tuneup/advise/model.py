@@ -30,6 +30,10 @@ class Range:
         lo, hi = sorted((self.low * factor, self.high * factor))
         return Range(self.value * factor, lo, hi)
 
+    def change_from(self, base: float) -> Range:
+        """The relative change from `base` (+0.2: 20% more), for the value and both ends."""
+        return Range(self.value / base - 1, self.low / base - 1, self.high / base - 1)
+
 
 @dataclass(frozen=True, slots=True)
 class Setting:

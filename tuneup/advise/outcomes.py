@@ -57,9 +57,7 @@ def outcome(setting: Setting, step: StepPrediction, econ: Economics) -> Predicte
 def relative_gain(current: Predicted, proposed: Predicted, objective: str) -> Range:
     """The objective's relative change from the model's own figure at the current setting (the model's
     bias at this workload cancels); the interval is the proposed setting's."""
-    base = _objective(current, objective)
-    new = _objective(proposed, objective)
-    return Range(new.value / base.value - 1, new.low / base.value - 1, new.high / base.value - 1)
+    return _objective(proposed, objective).change_from(_objective(current, objective).value)
 
 
 def _objective(p: Predicted, objective: str) -> Range:
@@ -71,6 +69,4 @@ def _objective(p: Predicted, objective: str) -> Range:
 def cost_change(current: Predicted, proposed: Predicted) -> Range | None:
     if current.usd_per_million_samples is None or proposed.usd_per_million_samples is None:
         return None
-    base = current.usd_per_million_samples.value
-    new = proposed.usd_per_million_samples
-    return Range(new.value / base - 1, new.low / base - 1, new.high / base - 1)
+    return proposed.usd_per_million_samples.change_from(current.usd_per_million_samples.value)

@@ -28,6 +28,7 @@ interval spans α from 0 (compute proportional to the batch) to all of it (compu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections import defaultdict
@@ -122,14 +123,10 @@ def _solve_gamma(backward_ms: float, sync_ms: float, exposed_ms: float) -> float
     if target <= max(backward_ms, sync_ms) * (1 + 1e-9):
         return GAMMA_MAX
 
-    def combined(g: float) -> float:
-        top = max(backward_ms, sync_ms)
-        return top * ((backward_ms / top) ** g + (sync_ms / top) ** g) ** (1 / g)
-
-    lo, hi = 1.0, GAMMA_MAX  # combined() falls as γ grows
+    lo, hi = 1.0, GAMMA_MAX  # the combined time falls as γ grows
     for _ in range(60):
         mid = (lo + hi) / 2
-        if combined(mid) > target:
+        if overlapped_ms(backward_ms, sync_ms, mid) > target:
             lo = mid
         else:
             hi = mid
@@ -374,8 +371,9 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
         base_sync = base_sync * sync_scale if base_sync is not None else None
     if not multi:
         notes.append(
-            "no multi-rank run given: the collectives of a larger world size come from the link you name "
-            "(--link, a `tuneup probe-network` run) and the gradient's size, with overlap unknown"
+            "no multi-rank run given: the collectives of a larger world size can only come from a link measured "
+            "elsewhere (a `tuneup probe-network` run, as benchmarks/predict.py --link uses) and the gradient's "
+            "size, with overlap unknown"
         )
 
     def measured_sync(o: Observation) -> float | None:
@@ -461,19 +459,14 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
             Setting(o.batch_size, o.accumulation, o.world_size, o.precision, o.num_workers)
         ).mean_ms.value
         errors.append(abs(predicted / o.step_mean_ms - 1))
-    fit_error = max(errors) if len(observations) > 1 else None
-    return StepTimeModel(**{**_fields(model), "fit_error": fit_error})
-
-
-def _fields(model: StepTimeModel) -> dict[str, object]:
-    return {name: getattr(model, name) for name in StepTimeModel.__dataclass_fields__}
+    return dataclasses.replace(model, fit_error=max(errors) if len(observations) > 1 else None)
 
 
 def with_link(model: StepTimeModel, fits: Sequence[CollectiveFit], gradient_bytes: float) -> StepTimeModel:
     """The model with a link measured elsewhere (a probe run) and, where the runs had one rank, the
     gradient's buckets assumed as DDP makes them (25 MiB each, the first 1 MiB)."""
     buckets = model.bucket_bytes or tuple(_ddp_buckets(gradient_bytes))
-    return StepTimeModel(**{**_fields(model), "fits": tuple(fits), "bucket_bytes": buckets})
+    return dataclasses.replace(model, fits=tuple(fits), bucket_bytes=buckets)
 
 
 def _ddp_buckets(gradient_bytes: float, first_mb: float = 1.0, cap_mb: float = 25.0) -> list[float]:

@@ -17,12 +17,12 @@ the cross-GPU compute band and the link's bandwidth range; `WhatIf.assumptions` 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tuneup.advise.checkpoint import waste_share
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.memory import (
     DDP_BUCKET_BYTES_PER_PARAMETER,
@@ -33,6 +33,7 @@ from tuneup.advise.memory import (
 from tuneup.advise.model import Considered, Predicted, Range, Setting, WhatIf, WhatIfRow
 from tuneup.advise.outcomes import Economics, outcome
 from tuneup.advise.step_model import StepPrediction, StepTimeModel, with_link
+from tuneup.analyze.interruptions import young_daly_interval_s
 from tuneup.analyze.model import CollectiveFit
 from tuneup.catalog.csv_text import CatalogError
 from tuneup.catalog.gpus import PRECISION_TO_COLUMN, GpuSpec, load_gpu_specs, match_gpu
@@ -214,7 +215,7 @@ def split_batch(global_batch: int, gpus: int, accumulation: int) -> tuple[int, i
 def rework_share(checkpoint_save_s: float, mtbf_s: float) -> float:
     """Share of paid time lost to interruptions at the Young/Daly interval τ = sqrt(2·C·MTBF): saving
     (C/τ) plus redoing half an interval per interruption (τ/(2·MTBF)), which is sqrt(2·C/MTBF) at τ."""
-    return math.sqrt(2 * checkpoint_save_s / mtbf_s)
+    return waste_share(young_daly_interval_s(checkpoint_save_s, mtbf_s), checkpoint_save_s, mtbf_s)
 
 
 # -- prediction --------------------------------------------------------------------------------------
@@ -382,7 +383,7 @@ def _rows_for(
             factor = 1 / (1 - share)
             usd_samples = usd_samples.scaled(factor) if usd_samples else None
             usd_tokens = usd_tokens.scaled(factor) if usd_tokens else None
-            interval_s = math.sqrt(2 * plan.checkpoint_save_s * plan.mtbf_s)
+            interval_s = young_daly_interval_s(plan.checkpoint_save_s, plan.mtbf_s)
             row_notes.append(f"checkpoint every {interval_s / 60:.0f} min (Young/Daly)")
         to_target = None
         if plan.options_target is not None and usd_samples is not None:
