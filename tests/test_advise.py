@@ -69,7 +69,8 @@ def test_a_linear_workload_is_recovered_and_predicted_exactly() -> None:
     assert model.line.slope_ms == pytest.approx(0.5)
     assert model.line.prior is None
     for batch, accumulation in ((24, 1), (64, 1), (16, 4)):
-        want = accumulation * (4.0 + 0.5 * batch) + 2.5
+        # Per micro-batch: compute and the loop's 0.5 ms; per step: the optimizer's 2 ms.
+        want = accumulation * (4.0 + 0.5 * batch + 0.5) + 2.0
         got = model.predict(Setting(batch, accumulation, 1)).mean_ms
         assert got.value == pytest.approx(want)
         assert got.low < want < got.high
@@ -138,6 +139,20 @@ def test_interference_is_measured_against_a_one_rank_run() -> None:
     assert not alone.interference_known and any("interference" in n for n in alone.notes)
 
 
+def test_collectives_of_one_size_still_count_at_their_measured_time() -> None:
+    # One bucket size gives the link no alpha-beta fit: the measured collective time must stay in the step
+    # (a 2-rank LightningCLI BoringModel run lost its 2 ms of exposed wait, half the step, without it).
+    comm = dict(comm_ms=3.0, exposed_ms=3.0, bucket_bytes=(264,), fits=())
+    for cpus in (2, 64):
+        run = obs(8, 1.0, world=2, cpu_count=cpus, **comm)
+        model = fit_step_model([run])
+        assert model.predict(Setting(8, 1, 2)).mean_ms.value == pytest.approx(run.step_mean_ms, rel=1e-6)
+        assert any("one size" in n for n in model.notes)
+        # Half the bytes: the collectives' time halves (pure bandwidth).
+        half = model.predict(Setting(8, 1, 2, comm_bytes_factor=0.5)).mean_ms.value
+        assert half == pytest.approx(run.step_mean_ms - 1.5, rel=1e-6)
+
+
 def test_unmeasured_interference_spans_both_readings_and_reproduces_the_run() -> None:
     fit = CollectiveFit("all_reduce", alpha_us=10.0, beta_ns_per_byte=1.0, busbw_gbytes_per_s=1.0,
                         r_squared=1.0, points=10, sizes=3, notes=[])  # fmt: skip
@@ -153,8 +168,9 @@ def test_unmeasured_interference_spans_both_readings_and_reproduces_the_run() ->
         )  # both readings agree on the run itself
         # Accumulating 2 micro-batches: the serialized reading's first micro-batch runs without the 8 ms.
         two = model.predict(Setting(16, 2, 2)).mean_ms
-        overlap_only = run.step_mean_ms + 20.0
-        serialized = run.step_mean_ms + 20.0 - 8.0
+        # The second micro-batch adds its compute and the loop's 0.5 ms per batch.
+        overlap_only = run.step_mean_ms + 20.0 + 0.5
+        serialized = run.step_mean_ms + 20.0 - 8.0 + 0.5
         assert two.low <= serialized * 1.0001 and two.high >= overlap_only * 0.9999
         assert two.value == pytest.approx(serialized if point == "serialized" else overlap_only, rel=1e-6)
 

@@ -111,7 +111,7 @@ class ModelTerms:
     backward_share: float = decimals(4)  # of a micro-batch's compute: what communication can overlap
     data_ms_per_sample: float = decimals(5)
     optimizer_ms: float = decimals(3)
-    other_ms: float = decimals(3)  # sync and the loop's own time per step
+    other_ms: float = decimals(3)  # sync and the loop's own time, per micro-batch
     sync_ms: float | None = decimals(3)  # the collectives' time per step from the link fit (None: one rank)
     exposed_comm_ms: float | None = decimals(3)
     interference_ms: float | None = decimals(3)  # compute slowed by concurrent collectives, where measured

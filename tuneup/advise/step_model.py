@@ -177,7 +177,7 @@ class StepTimeModel:
     backward_share: float
     data_ms_per_sample: float
     optimizer_ms: float
-    other_ms: float
+    other_ms: float  # per micro-batch: the trainer's per-batch collectives and the loop's own time
     fits: tuple[CollectiveFit, ...]
     bucket_bytes: tuple[float, ...]
     # The measured collective time per step over the link model's, at the base run: the model predicts
@@ -241,14 +241,14 @@ class StepTimeModel:
             fwd, bwd = c * (1 - self.backward_share), c * self.backward_share
             last = fwd + overlapped_ms(bwd, sync, gamma if gamma is not None else GAMMA_MAX)
             interference = self._interference(p, sync, v.interference_ms)
-            total = data + (s - 1) * c + last + interference + self.optimizer_ms + self.other_ms
+            total = data + (s - 1) * c + last + interference + self.optimizer_ms + s * self.other_ms
             terms = {
                 "data": data,
                 "compute": s * c,
                 "exposed_comm": last - fwd - bwd,
                 "interference": interference,
                 "optimizer": self.optimizer_ms,
-                "other": self.other_ms,
+                "other": s * self.other_ms,
                 "sync_model": sync,
             }
             return total, terms
@@ -353,14 +353,23 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     backward_share = backward_total / compute_total if compute_total > 0 else 2 / 3
     data_per_sample = statistics.fmean(o.data_ms / (o.accumulation * o.batch_size) for o in observations)
     optimizer = statistics.fmean(o.optimizer_ms for o in observations)
-    other = statistics.fmean(o.other_ms + o.sync_ms for o in observations)
+    # The loop's own time and Lightning's collectives between batches (sync) come with every batch, not
+    # every optimizer step: accumulation multiplies them.
+    other = statistics.fmean((o.other_ms + o.sync_ms) / o.accumulation for o in observations)
     median_over_mean = statistics.fmean(o.step_median_ms / o.step_mean_ms for o in observations)
 
     # Collectives: the link fit and buckets of the multi-rank run closest to the base, held to the time
     # its collectives took (the fit's line need not pass through this run's bucket sizes).
-    multi = [o for o in observations if o.world_size > 1 and o.fits and o.bucket_bytes]
+    multi = [o for o in observations if o.world_size > 1 and o.bucket_bytes and (o.fits or o.comm_ms)]
     comm_source = base if base in multi else (multi[0] if multi else None)
-    fits = comm_source.fits if comm_source else ()
+    fits: tuple[CollectiveFit, ...] = ()
+    if comm_source is not None:
+        fits = comm_source.fits or (_bandwidth_through(comm_source),)
+        if not comm_source.fits:
+            notes.append(
+                "the collectives came in one size, so the link has no alpha-beta fit: it is taken as pure "
+                "bandwidth through their measured time (their time grows with bytes and the ring's share)"
+            )
     buckets = tuple(float(b) for b in comm_source.bucket_bytes) if comm_source else ()
     sync_scale, base_sync = 1.0, (0.0 if base.world_size == 1 else None)
     if comm_source is not None:
@@ -460,6 +469,23 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
         ).mean_ms.value
         errors.append(abs(predicted / o.step_mean_ms - 1))
     return dataclasses.replace(model, fit_error=max(errors) if len(observations) > 1 else None)
+
+
+def _bandwidth_through(o: Observation) -> CollectiveFit:
+    """A link with no latency whose bandwidth gives the run's buckets the collective time it measured:
+    what one bucket size can say (an alpha-beta fit needs two)."""
+    unit_s = sum(model_time_s("all_reduce", o.world_size, b, 0.0, 1.0) for b in o.bucket_bytes)
+    beta_s = (o.comm_ms or 0.0) / 1000.0 / unit_s if unit_s > 0 else 0.0
+    return CollectiveFit(
+        kind="all_reduce",
+        alpha_us=0.0,
+        beta_ns_per_byte=beta_s * 1e9,
+        busbw_gbytes_per_s=1.0 / beta_s / 1e9 if beta_s > 0 else None,
+        r_squared=None,
+        points=0,
+        sizes=1,
+        notes=["pure bandwidth through the measured collectives (one size: no alpha-beta fit)"],
+    )
 
 
 def with_link(model: StepTimeModel, fits: Sequence[CollectiveFit], gradient_bytes: float) -> StepTimeModel:

@@ -160,7 +160,7 @@ def advice_blocks(advice: Advice | str) -> list[Block]:
                 f"{m.compute_intercept_ms:.3f} ms + {m.compute_ms_per_sample:.4f} ms per sample",
             ),
             ("Data wait per sample", f"{m.data_ms_per_sample:.4f} ms"),
-            ("Optimizer, other", f"{m.optimizer_ms:.2f} ms, {m.other_ms:.2f} ms per step"),
+            ("Optimizer, other", f"{m.optimizer_ms:.2f} ms per step, {m.other_ms:.2f} ms per micro-batch"),
         ]
         if m.sync_ms:
             pairs.append(
