@@ -39,9 +39,11 @@ from tuneup.cost.pricing import PriceChoice, check_choice, choice_from_env
 from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, stop_reason, trainer_config
 from tuneup.plugins.lightning.run_dir_handoff import RunDirHandoff
 from tuneup.plugins.lightning.trainer_taps import TrainerTaps
+from tuneup.plugins.lightning.trial import TrialControl
 from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE, new_run_id
 from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
+from tuneup.tune.protocol import ENV_TRIAL, TrialSpec
 
 
 def _callback_bases() -> tuple[type, ...]:
@@ -284,6 +286,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._flops_batch: tuple[int | None, int | None, int] | None = None  # samples, tokens, step
         self._flops_done = False
 
+        self._trial: TrialControl | None = None  # a `tuneup tune` trial (TUNEUP_TRIAL set), else None
         self._run_dir: Path | None = None
         # Under ddp_spawn the fit runs in worker processes: rank 0 leaves the run directory here for this one.
         self._handoff = RunDirHandoff()
@@ -360,15 +363,19 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._rank = int(trainer.global_rank)
         self._world_size = int(trainer.world_size)
         where: tuple[str, str, dict[str, Any] | None] | None = None
+        trial_text: str | None = None
         if self._rank == 0:
             # Whatever happens here, rank 0 must reach the broadcast below: the other ranks wait in it.
             try:
                 where = self._choose_run_dir(trainer)
             except Exception as exc:
                 warn_once("run-dir", f"cannot choose a run directory ({type(exc).__name__}: {exc})")
+            trial_text = os.environ.get(ENV_TRIAL) or None
         if self._world_size > 1:
-            # One collective at setup, as Lightning's own loggers do; none per step.
-            where = trainer.strategy.broadcast(where, src=0)
+            # One collective at setup, as Lightning's own loggers do; none per step. A tuning trial's
+            # settings travel with it: rank 0's reading is the one decision every rank applies.
+            where, trial_text = trainer.strategy.broadcast((where, trial_text), src=0)
+        self._start_trial(trial_text, trainer, pl_module)
         if where is None:
             self._disable("no run directory could be chosen")
             return
@@ -383,6 +390,16 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._comm.record_all = _is_sharded(trainer.strategy)
             self._comm.noise_scale = self.noise_scale and not self._comm.record_all
             self._comm.install()
+
+    def _start_trial(self, trial_text: str | None, trainer: Any, pl_module: Any) -> None:
+        """Apply a `tuneup tune` trial's settings now, before the strategy wraps the model and the
+        dataloaders are built (plugins/lightning/trial.py)."""
+        self._trial = None
+        if not trial_text:
+            return
+        self._trial = TrialControl(TrialSpec.from_json(trial_text), self._rank)
+        # Each knob that fails is reported as not applied (applied.json), and the tuner drops it.
+        self._trial.apply_at_setup(trainer, pl_module, _on_cuda(trainer))
 
     def _choose_run_dir(self, trainer: Any) -> tuple[str, str, dict[str, Any] | None]:
         """(run directory, run id, segment): a new run, or, after a torchrun restart, the next segment of
@@ -453,6 +470,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self._writer is None:  # fit() called without setup (never in Lightning, but cheap to survive)
             self.setup(trainer, pl_module, "fit")
+        if self._trial is not None:
+            # Before the DDP hook is wired: a trial's comm hook goes through the probe's timed registration.
+            self._trial.apply_at_train_start(trainer)
         if self._writer is None:
             return
         self._device = getattr(pl_module, "device", None)
@@ -809,6 +829,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 "electricity_usd_per_kwh": self.electricity_usd_per_kwh,
             },
             "flops": {"flops_per_sample": self.flops_per_sample, "count_flops": self.count_flops},
+            **({"tune_trial": self._trial.manifest()} if self._trial is not None else {}),
             "recording": {
                 **self.policy.as_dict(),
                 "telemetry_interval_s": self.telemetry_interval_s,
@@ -908,6 +929,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._trial is not None:
+            self._trial.batch_ended(trainer)  # recording or not: the trial's budget and stop rule hold
         clock = self._clock
         if clock is None or self._disabled:
             return
@@ -1062,6 +1085,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._shutdown("completed", stop_reason=stop_reason(trainer))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self._trial is not None:
+            self._trial.failed(exception)  # first: the tuner ends the trial on every rank when it sees it
         try:
             if self._writer is not None and not self._closed:
                 self._writer.add_event(

@@ -1,0 +1,138 @@
+"""A `tuneup tune` trial inside a real (one-process) fit: TuneupCallback applies the trial's settings the
+Lightning way, stops once the step time is measured, and answers the tuner through its status directory."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tuneup import TuneupCallback
+from tuneup.tune.protocol import ENV_TRIAL, StopRule, TrialSpec
+
+from workloads.cli_models import LData, LModel
+from workloads.tune_models import make_classes
+
+NAMESPACES = ["lightning.pytorch", "pytorch_lightning"]
+
+
+def _fit(
+    L: Any,
+    model: Any,
+    data: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: dict[str, Any],
+    stop: StopRule,
+) -> tuple[Any, Path]:
+    status = tmp_path / "status"
+    status.mkdir()
+    spec = TrialSpec(trial="01-test", settings=settings, stop=stop, status_dir=str(status))
+    monkeypatch.setenv(ENV_TRIAL, spec.to_env())
+    callback = TuneupCallback(tmp_path / "run", count_flops=False, telemetry_interval_s=5.0)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=400,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
+    trainer.fit(model, datamodule=data)
+    return trainer, status
+
+
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_trial_settings_are_applied_and_the_budget_stops_the_fit(
+    namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    L = importlib.import_module(namespace)
+    model_cls, data_cls = make_classes(L)
+    data = data_cls(batch_size=16)
+    trainer, status = _fit(
+        L,
+        model_cls(hidden=32),
+        data,
+        tmp_path,
+        monkeypatch,
+        {"batch_size": 8, "accumulate_grad_batches": 2, "num_workers": 0},
+        StopRule(max_steps=12, warmup_steps=2, min_steps=5, precision=1e-9),
+    )
+    assert trainer.global_step == 12  # the trial's budget, not the Trainer's max_steps of 400
+    assert data.batch_size == 8 and trainer.accumulate_grad_batches == 2
+    assert trainer.train_dataloader.batch_size == 8
+    applied = json.loads((status / "applied.json").read_text())
+    assert applied == {
+        "applied": {"batch_size": 8, "accumulate_grad_batches": 2, "num_workers": 0},
+        "not_applied": {},
+    }
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["tune_trial"]["applied"]["batch_size"] == 8
+    assert manifest["dataloader"]["batch_size"] == 8  # the record says what ran
+    assert (status / "heartbeat-rank0").is_file()
+
+
+def test_a_precise_enough_step_time_stops_the_trial_early(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning.pytorch as L
+
+    model_cls, data_cls = make_classes(L)
+    rule = StopRule(max_steps=300, warmup_steps=3, min_steps=15, precision=0.5, check_every=5)
+    trainer, _ = _fit(L, model_cls(hidden=32), data_cls(batch_size=8), tmp_path, monkeypatch, {}, rule)
+    # Known to 50% soon after warm-up and min_steps (however noisy the machine): stopped on a check step,
+    # before the budget (the budget alone stops at 300, as the test above shows with an unreachable precision).
+    assert trainer.global_step < rule.max_steps
+    assert trainer.global_step % rule.check_every == 0
+
+
+def test_what_cannot_be_applied_is_said_and_workers_go_on_the_loader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning.pytorch as L
+
+    # LModel/LData have no batch_size or num_workers attribute: the DataLoader's batch is fixed at 4.
+    trainer, status = _fit(
+        L,
+        LModel(),
+        LData(),
+        tmp_path,
+        monkeypatch,
+        {"batch_size": 8, "num_workers": 1, "precision": "bf16-mixed"},
+        StopRule(max_steps=6, warmup_steps=1, min_steps=2),
+    )
+    applied = json.loads((status / "applied.json").read_text())
+    assert (
+        "batch_size" in applied["not_applied"]
+        and "`batch_size` attribute" in applied["not_applied"]["batch_size"]
+    )
+    assert "precision" in applied["not_applied"]
+    assert applied["applied"] == {"num_workers": 1}
+    assert trainer.train_dataloader.num_workers == 1 and trainer.train_dataloader.prefetch_factor == 2
+
+
+def test_an_exception_is_reported_with_out_of_memory_marked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning.pytorch as L
+
+    monkeypatch.setenv("TUNE_OOM_BATCH", "8")
+    model_cls, data_cls = make_classes(L)
+    with pytest.raises(torch.OutOfMemoryError):
+        _fit(
+            L,
+            model_cls(hidden=32),
+            data_cls(batch_size=8),
+            tmp_path,
+            monkeypatch,
+            {},
+            StopRule(max_steps=6, min_steps=2),
+        )
+    failure = json.loads((tmp_path / "status" / "failed-rank0.json").read_text())
+    assert failure["out_of_memory"] is True and failure["type"] == "OutOfMemoryError"
