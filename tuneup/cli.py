@@ -8,6 +8,8 @@
     tuneup bench            run a training workload N times, alternating with a baseline, and compare
     tuneup compare          a candidate's runs against a baseline's: a verdict per metric, exit 1 on regression
     tuneup baseline         save or update a baseline file to commit, for compare
+    tuneup advise           what to change, with predicted gains and the Lightning code
+    tuneup tune             find the best settings in short, supervised trials of your training command
 
 Input errors print one line on stderr and exit with code 2; they never print a traceback. Heavy
 imports (torch, Lightning) happen only inside the commands that train, so `tuneup --help` is fast.
@@ -182,6 +184,19 @@ def _write_report(run_dir: Path, out_dir: Path | None, formats: str, cost: CostO
     return 0
 
 
+def _write_tune_report(tune_dir: Path, out_dir: Path | None, formats: str) -> int:
+    from tuneup.tune.render import write_tune_report
+    from tuneup.tune.state import TuneStateError
+
+    try:
+        written = write_tune_report(tune_dir, out_dir, formats)
+    except TuneStateError as exc:
+        raise UsageError(str(exc)) from None
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
 def _say_written(written: WrittenReport) -> None:
     for path in written.files:
         if path.suffix != ".png":
@@ -198,6 +213,10 @@ def _say_written(written: WrittenReport) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from tuneup.tune.state import is_tune_dir
+
+    if is_tune_dir(Path(args.run_dir)):
+        return _write_tune_report(Path(args.run_dir), Path(args.out) if args.out else None, args.format)
     return _write_report(
         resolve_run_dir(Path(args.run_dir), args.command),
         Path(args.out) if args.out else None,
@@ -414,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tuneup.advise_cli import add_command
 
     add_command(sub, UsageError)
+    from tuneup.tune.command import add_command as add_tune_command
+
+    add_tune_command(sub, UsageError)
     return parser
 
 

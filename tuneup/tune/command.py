@@ -1,0 +1,333 @@
+"""`tuneup tune [options] -- COMMAND...`: short supervised trials of the user's training command, searched by
+the step-time model, confirmed by the compare rule; `tuneup tune --resume TUNE_DIR` continues a session."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tuneup.tune.objective import OBJECTIVES
+from tuneup.tune.space import COMM_HOOKS, KNOBS
+
+ACTION_HELP = (
+    "Knob values are comma-separated lists; one value fixes a knob; a knob not given is tuned around the "
+    "current setting (batch: half to 4x; accumulation 1,2,4; workers up to CPUs per rank - 1; the fp16 comm "
+    "hook where ranks communicate). Precision is tuned only when given."
+)
+
+
+def _list(kind: type) -> Any:
+    def parse(text: str) -> list[Any]:
+        try:
+            values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a comma-separated list of {kind.__name__}"
+            ) from None
+        if not values:
+            raise argparse.ArgumentTypeError("give at least one value")
+        return values
+
+    return parse
+
+
+def add_command(sub: Any, usage_error: type[Exception]) -> None:
+    tune = sub.add_parser(
+        "tune",
+        help="find the fastest or cheapest settings in a few short, supervised trials of your training command",
+        description="Run short trials of your training command (a LightningCLI script, or any script that "
+        "trains with TuneupCallback) over batch size, accumulation, workers, comm hook and precision; "
+        "measure each, predict the rest with the step-time model, and confirm the winner against your "
+        "current settings with the compare rule. Every trial is a run record. " + ACTION_HELP,
+        usage="tuneup tune [options] -- COMMAND [ARG...]\n       tuneup tune --resume TUNE_DIR [options]",
+    )
+    tune.add_argument("--out", metavar="TUNE_DIR", help="the tuning directory (default: reports/tune/<time>)")
+    tune.add_argument("--resume", metavar="TUNE_DIR", help="continue the session in TUNE_DIR")
+    tune.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        help="what to maximise (default: throughput-per-dollar where a price is given, else throughput)",
+    )
+    for name in ("samples", "tokens", "steps"):
+        tune.add_argument(
+            f"--target-{name}", type=float, metavar="N", help=f"for --objective time/cost: {name} to train"
+        )
+    knobs = tune.add_argument_group("knobs", ACTION_HELP)
+    knobs.add_argument("--batch-size", type=_list(int), metavar="B,...", help="per-rank micro-batch sizes")
+    knobs.add_argument(
+        "--accumulate", type=_list(int), metavar="K,...", help="accumulate_grad_batches values"
+    )
+    knobs.add_argument("--workers", type=_list(int), metavar="W,...", help="DataLoader num_workers values")
+    knobs.add_argument(
+        "--comm-hook", type=_list(str), metavar="H,...", help=f"DDP comm hooks: {', '.join(COMM_HOOKS)}"
+    )
+    knobs.add_argument(
+        "--precision", type=_list(str), metavar="P,...", help="Lightning precisions (LightningCLI scripts)"
+    )
+    knobs.add_argument(
+        "--keep-global-batch", action="store_true", help="only batch x accumulation equal to the current one"
+    )
+    budget = tune.add_argument_group("budget")
+    budget.add_argument(
+        "--max-trials", type=int, default=12, help="trials, the baseline included (default: %(default)s)"
+    )
+    budget.add_argument("--max-minutes", type=float, help="stop starting trials past this many minutes")
+    budget.add_argument(
+        "--max-dollars", type=float, help="stop starting trials past this cost (needs a price)"
+    )
+    budget.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.05,
+        help="stop when no untried setting could gain this (default: %(default)s)",
+    )
+    budget.add_argument(
+        "--confirm-runs",
+        type=int,
+        default=2,
+        help="reruns a side to confirm the winner (default: %(default)s)",
+    )
+    trial = tune.add_argument_group("each trial")
+    trial.add_argument(
+        "--trial-steps", type=int, default=200, help="most optimizer steps (default: %(default)s)"
+    )
+    trial.add_argument("--warmup-steps", type=int, default=10, help="steps not timed (default: %(default)s)")
+    trial.add_argument("--min-steps", type=int, default=30, help="fewest timed steps (default: %(default)s)")
+    trial.add_argument(
+        "--step-precision",
+        type=float,
+        default=0.02,
+        help="stop once the mean step is known to this fraction, 95%% interval (default: %(default)s)",
+    )
+    trial.add_argument(
+        "--startup-timeout", type=float, default=300.0, help="s to the first step (default: %(default)s)"
+    )
+    trial.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        help="s without a step on any rank: a hang (default: %(default)s)",
+    )
+    trial.add_argument(
+        "--trial-timeout", type=float, default=1800.0, help="s for a whole trial (default: %(default)s)"
+    )
+    tune.add_argument(
+        "--script-kind",
+        choices=("auto", "cli", "callback"),
+        default="auto",
+        help="how settings reach the script: LightningCLI overrides or TuneupCallback (default: by its source)",
+    )
+    price = tune.add_argument_group("price (passed to every trial)")
+    which = price.add_mutually_exclusive_group()
+    which.add_argument("--instance", metavar="KEY", help="a catalog instance, e.g. aws:p4d.24xlarge")
+    which.add_argument("--price-per-hour", metavar="USD", type=float, help="the job's price in USD per hour")
+    price.add_argument("--spot", action="store_true", help="with --instance: its spot price")
+    tune.add_argument("training_command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    tune.set_defaults(func=lambda args: _cmd_tune(args, usage_error))
+
+
+def _price_env(args: argparse.Namespace) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if args.instance:
+        env["TUNEUP_INSTANCE"] = args.instance
+        if args.spot:
+            env["TUNEUP_SPOT"] = "1"
+    elif args.price_per_hour is not None:
+        env["TUNEUP_PRICE_PER_HOUR"] = str(args.price_per_hour)
+        env["TUNEUP_PRICE_PER"] = "node"
+    return env
+
+
+def _options(args: argparse.Namespace, usage_error: type[Exception]) -> Any:
+    from tuneup.tune.objective import Objective, ObjectiveError
+    from tuneup.tune.protocol import StopRule, TrialSpecError
+    from tuneup.tune.runner import Limits
+    from tuneup.tune.session import Budget, TuneOptions
+
+    priced = bool(args.instance or args.price_per_hour is not None)
+    name = args.objective or ("throughput-per-dollar" if priced else "throughput")
+    if ("dollar" in name or name == "cost" or args.max_dollars is not None) and not priced:
+        raise usage_error(
+            f"{'--max-dollars' if args.max_dollars is not None else '--objective ' + name} needs a price: "
+            "add --instance KEY (tuneup catalog lists them) or --price-per-hour USD"
+        )
+    if args.instance:
+        from tuneup.cost.pricing import PriceChoice, PricingError, check_choice
+
+        try:
+            check_choice(
+                PriceChoice(instance=args.instance, spot=args.spot, source="command line"), where="--instance"
+            )
+        except PricingError as exc:
+            raise usage_error(str(exc)) from None
+    for flag, value, low in (
+        ("--max-trials", args.max_trials, 1),
+        ("--confirm-runs", args.confirm_runs, 0),
+    ):
+        if value < low:
+            raise usage_error(f"{flag} must be at least {low}, got {value}")
+    for flag, value in (
+        ("--max-minutes", args.max_minutes),
+        ("--max-dollars", args.max_dollars),
+        ("--startup-timeout", args.startup_timeout),
+        ("--stall-timeout", args.stall_timeout),
+        ("--trial-timeout", args.trial_timeout),
+    ):
+        if value is not None and not value > 0:
+            raise usage_error(f"{flag} must be a positive number, got {value}")
+    if not 0 <= args.min_gain < 1:
+        raise usage_error(f"--min-gain must be a fraction in [0, 1) (0.05 = 5%), got {args.min_gain}")
+    try:
+        objective = Objective(
+            name,
+            target_samples=args.target_samples,
+            target_tokens=args.target_tokens,
+            target_steps=args.target_steps,
+        )
+        stop = StopRule(
+            max_steps=args.trial_steps,
+            warmup_steps=args.warmup_steps,
+            min_steps=args.min_steps,
+            precision=args.step_precision,
+        )
+    except (ObjectiveError, TrialSpecError) as exc:
+        raise usage_error(str(exc)) from None
+    if stop.min_steps + stop.warmup_steps > stop.max_steps:
+        raise usage_error(
+            f"--trial-steps {stop.max_steps} leaves no room for --warmup-steps {stop.warmup_steps} and "
+            f"--min-steps {stop.min_steps}: raise it or lower those"
+        )
+    return TuneOptions(
+        objective=objective,
+        budget=Budget(args.max_trials, args.max_minutes, args.max_dollars),
+        stop=stop,
+        limits=Limits(startup_s=args.startup_timeout, stall_s=args.stall_timeout, trial_s=args.trial_timeout),
+        min_gain=args.min_gain,
+        confirm_runs=args.confirm_runs,
+        price_env=_price_env(args),
+    )
+
+
+def _requested(args: argparse.Namespace) -> dict[str, list[Any]]:
+    asked = {
+        "batch_size": args.batch_size,
+        "accumulate_grad_batches": args.accumulate,
+        "num_workers": args.workers,
+        "comm_hook": args.comm_hook,
+        "precision": args.precision,
+    }
+    assert set(asked) == set(KNOBS)
+    return {k: v for k, v in asked.items() if v}
+
+
+def _checked_requested(args: argparse.Namespace, usage_error: type[Exception]) -> dict[str, list[Any]]:
+    from tuneup.tune.space import SearchSpace, SpaceError
+
+    requested = _requested(args)
+    try:
+        SearchSpace(**{k: tuple(v) for k, v in requested.items()})  # checked now, before any trial runs
+    except SpaceError as exc:
+        raise usage_error(str(exc)) from None
+    return requested
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = min(width, round(width * done / max(1, total)))
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def _progress(session: Any, trial: Any) -> None:
+    state = session.state
+    objective = session.options.objective
+    searched = len([t for t in state.trials if t.role != "confirm"])
+    total = session.options.budget.max_trials
+    if trial.measured:
+        what = f"{objective.format(trial.objective)}"
+        if trial.predicted is not None:
+            what += f" (predicted {objective.format(trial.predicted.value)})"
+    else:
+        what = f"{trial.status}: {trial.reason}"
+    best = (
+        session.search().best(state.trials) if state.space is not None and session.baseline_config else None
+    )
+    best_text = f" | best: trial {best.index} {objective.format(best.objective)}" if best else ""
+    usd = session.spent_usd()
+    money = f", ${usd:,.2f}" if usd is not None else ""
+    where = f"confirm {trial.config.label()}" if trial.role == "confirm" else trial.config.label()
+    print(
+        f"{_bar(searched, total)} trial {searched}/{total} {where}: {what}{best_text} "
+        f"| {session.spent_s / 60:.1f} min{money}",
+        flush=True,
+    )
+
+
+def _cmd_tune(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+    from tuneup.tune.render import format_tune_text, write_tune_report
+    from tuneup.tune.script import ScriptError, inspect_script
+    from tuneup.tune.session import Session, TuneError, resumable
+    from tuneup.tune.state import TuneState, TuneStateError, is_tune_dir, load_state, save_state
+
+    command = list(args.training_command)
+    if command and command[0] == "--":
+        command = command[1:]
+    options = _options(args, usage_error)
+    try:
+        if args.resume:
+            if command:
+                raise usage_error("--resume continues the command it was started with: give no command")
+            tune_dir = Path(args.resume)
+            state = resumable(load_state(tune_dir))
+            state.options.update({"resumed_unix": time.time()})
+        else:
+            if not command:
+                raise usage_error("no command to tune: put it after --, e.g. tuneup tune -- python train.py")
+            tune_dir = (
+                Path(args.out) if args.out else Path("reports") / "tune" / time.strftime("%Y%m%d-%H%M%S")
+            )
+            if is_tune_dir(tune_dir) or (tune_dir.exists() and any(tune_dir.iterdir())):
+                raise usage_error(
+                    f"{tune_dir} already holds files; give --out a new directory, or --resume it"
+                )
+            tune_dir.mkdir(parents=True, exist_ok=True)
+            state = TuneState(
+                command=command,
+                script_kind=args.script_kind,
+                objective=options.objective.name,
+                requested=_checked_requested(args, usage_error),
+                options={
+                    "target_samples": args.target_samples,
+                    "target_tokens": args.target_tokens,
+                    "target_steps": args.target_steps,
+                    "keep_global_batch": args.keep_global_batch,
+                },
+            )
+        script = inspect_script(state.command, os.environ, state.script_kind)
+        state.script_kind = script.kind
+        if script.kind == "cli":
+            state.options["cli_overrides"] = dict(script.overrides)
+        if args.keep_global_batch:
+            state.options["keep_global_batch"] = True
+        save_state(tune_dir, state)
+        print(
+            f"tuneup tune: {script.kind} script; {options.objective.describe()}; up to {options.budget.max_trials} "
+            f"trials in {tune_dir}",
+            flush=True,
+        )
+        session = Session(tune_dir, state, script, options)
+        session.run(progress=_progress)
+    except (ScriptError, TuneError, TuneStateError) as exc:
+        raise usage_error(str(exc)) from None
+    except KeyboardInterrupt:
+        print(f"tuneup tune: interrupted; continue with: tuneup tune --resume {tune_dir}", file=sys.stderr)
+        return 130
+    print()
+    print(format_tune_text(session.state))
+    written = write_tune_report(tune_dir, None)
+    for path in written:
+        if path.suffix != ".png":
+            print(f"wrote {path}")
+    return 0

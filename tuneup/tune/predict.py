@@ -1,0 +1,146 @@
+"""How long would a step take at an untried configuration? The advice's step-time model, refitted after every
+trial, corrected by what the trials measured for the knobs it does not model.
+
+    step(c) = M(b, s) x exp(mu + e_workers(w) + e_hook(h) + e_precision(p))
+
+M is tuneup.advise.step_model fitted to every measured trial of the baseline's precision: it predicts how
+the per-rank batch b and the accumulation s change compute, data wait and collectives. mu and the effects
+e are the trials' log residuals against M, fitted as main effects (the baseline's level is 0, ridge-shrunk
+towards 0 with few trials): a worker count or a comm hook the trials measured moves every prediction that
+shares it. A level no trial has measured gets no effect, and an interval that reaches as far as the knob
+could go: all of the data wait gone for more workers, half the exposed communication for a compressing
+hook, a precision's whole plausible range. The interval also carries the model's own interval and twice
+the residual spread the fit leaves, so that the search's optimism shrinks as trials agree with it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tuneup.advise.model import Range, Setting
+from tuneup.advise.step_model import ModelError, StepTimeModel, fit_step_model
+from tuneup.tune.space import Config
+from tuneup.tune.state import Trial
+
+RESIDUAL_KNOBS = ("num_workers", "comm_hook", "precision")
+RIDGE = 0.5  # pseudo-trials at effect 0: one trial at a level moves it two thirds of the way
+DEFAULT_SPREAD = 0.05  # log residual spread before three trials have measured it
+BACKFIT_ROUNDS = 25
+
+
+@dataclass(slots=True)
+class TrialModel:
+    world_size: int
+    baseline: Config
+    on_gpu: bool
+    model: StepTimeModel | None
+    offset: float = 0.0
+    effects: dict[tuple[str, object], float] = field(default_factory=dict)
+    measured_levels: dict[str, set[object]] = field(default_factory=dict)
+    spread: float = DEFAULT_SPREAD
+    fallback: tuple[Config, float] | None = None  # (config, step ms) when no model could be fitted
+
+    def predict(self, config: Config) -> Range:
+        """The mean step (ms) at `config`, with its interval."""
+        b = config.batch_size or 1
+        s = config.accumulate_grad_batches or 1
+        if self.model is not None:
+            step = self.model.predict(Setting(b, s, self.world_size, config.precision, config.num_workers))
+            mid, low, high = step.mean_ms.value, step.mean_ms.low, step.mean_ms.high
+            data_share = step.terms_ms.get("data", 0.0) / mid if mid > 0 else 0.0
+            comm_share = max(0.0, step.terms_ms.get("exposed_comm", 0.0)) / mid if mid > 0 else 0.0
+        else:
+            assert self.fallback is not None
+            base, base_ms = self.fallback
+            scale = (b * s) / ((base.batch_size or 1) * (base.accumulate_grad_batches or 1))
+            mid = base_ms * scale
+            low, high = base_ms * min(1.0, scale), base_ms * max(1.0, scale) * 1.1
+            data_share, comm_share = 0.5, 0.5
+        correction = self.offset
+        low_factor, high_factor = 1.0, 1.0
+        for knob in RESIDUAL_KNOBS:
+            level = getattr(config, knob)
+            if level == getattr(self.baseline, knob) or level in self.measured_levels.get(knob, ()):
+                correction += self.effects.get((knob, level), 0.0)
+                continue
+            lo, hi = self._unmeasured(knob, level, data_share, comm_share)
+            low_factor *= lo
+            high_factor *= hi
+        k = math.exp(correction)
+        widen = math.exp(2 * self.spread)
+        return Range(mid * k, low * k * low_factor / widen, high * k * high_factor * widen)
+
+    def _unmeasured(
+        self, knob: str, level: object, data_share: float, comm_share: float
+    ) -> tuple[float, float]:
+        """How far an unmeasured level could move the step: (low, high) factors."""
+        if knob == "num_workers":
+            # Up to all of the wait gone; worker processes also take CPU from the ranks.
+            return 1.0 - min(data_share, 0.95), 1.15
+        if knob == "comm_hook":
+            if level in ("fp16", "bf16"):
+                return 1.0 - 0.5 * min(comm_share, 0.95), 1.1
+            return 1.0 - min(comm_share, 0.95) * 0.5, 1.0 / (1.0 - 0.5 * min(comm_share, 0.9))
+        # precision: 16-bit is several times faster on tensor cores, and >2x slower on CPUs without bf16
+        # units (pytorch #86270).
+        return (0.25, 1.3) if self.on_gpu else (0.8, 3.0)
+
+
+def fit_trial_model(trials: Sequence[Trial], baseline: Config, world_size: int) -> TrialModel:
+    """The model of the measured trials (at least one); `baseline` is the reference for the effects."""
+    measured = [t for t in trials if t.measured and t.observation is not None and t.step_ms]
+    if not measured:
+        raise ModelError("no measured trial to fit the tuner's model to")
+    on_gpu = any(t.observation.on_gpu for t in measured if t.observation)
+    precision = baseline.precision
+    same = [t for t in measured if t.config.precision == precision] or measured
+    # The baseline first, when measured: the advice model's "current" setting.
+    same.sort(key=lambda t: (t.config != baseline, t.index))
+    model: StepTimeModel | None
+    try:
+        model = fit_step_model([t.observation for t in same if t.observation is not None], base_index=0)
+    except ModelError:
+        model = None
+    out = TrialModel(world_size=world_size, baseline=baseline, on_gpu=on_gpu, model=model)
+    if model is None:
+        out.fallback = (same[0].config, float(same[0].step_ms or 0.0))
+        return out
+    residuals: list[tuple[Config, float]] = []
+    for t in measured:
+        predicted = out.predict(t.config)  # with no effects fitted yet: the model alone
+        residuals.append((t.config, math.log(float(t.step_ms) / predicted.value)))
+    _fit_effects(out, residuals)
+    return out
+
+
+def _fit_effects(out: TrialModel, residuals: list[tuple[Config, float]]) -> None:
+    """Main effects of the residual knobs by backfitting, the baseline's level fixed at 0."""
+    levels: dict[str, set[object]] = defaultdict(set)
+    for config, _ in residuals:
+        for knob in RESIDUAL_KNOBS:
+            levels[knob].add(getattr(config, knob))
+    out.measured_levels = dict(levels)
+    effects: dict[tuple[str, object], float] = {}
+
+    def effect_sum(config: Config, skip: str | None = None) -> float:
+        return sum(effects.get((k, getattr(config, k)), 0.0) for k in RESIDUAL_KNOBS if k != skip)
+
+    offset = statistics.fmean(r for _, r in residuals)
+    for _ in range(BACKFIT_ROUNDS):
+        for knob in RESIDUAL_KNOBS:
+            reference = getattr(out.baseline, knob)
+            sums: dict[object, list[float]] = defaultdict(list)
+            for config, r in residuals:
+                sums[getattr(config, knob)].append(r - offset - effect_sum(config, skip=knob))
+            for level, values in sums.items():
+                if level != reference:
+                    effects[(knob, level)] = sum(values) / (len(values) + RIDGE)
+        offset = statistics.fmean(r - effect_sum(c) for c, r in residuals)
+    out.offset, out.effects = offset, effects
+    left = [r - offset - effect_sum(c) for c, r in residuals]
+    if len(left) >= 3:
+        out.spread = max(0.01, math.sqrt(sum(x * x for x in left) / (len(left) - 1)))

@@ -1,0 +1,175 @@
+"""How a trial's settings reach the user's training command.
+
+Two kinds of script:
+- "cli": a LightningCLI script. Settings become command-line overrides after the user's own arguments
+  (later ones win): `--trainer.accumulate_grad_batches=4`, `--data.batch_size=64`,
+  `--trainer.precision=bf16-mixed`, `--data.num_workers=2`. Which keys exist comes from the script's own
+  resolved configuration (`--print_config`): the batch size and worker count are wherever the datamodule
+  or model takes them (`data.batch_size`, `data.init_args.batch_size`, `model.batch_size`, ...). What has
+  no key (the comm hook, a worker count the datamodule does not take) goes to TuneupCallback through the
+  environment, and `--trainer.callbacks+=tuneup.TuneupCallback` is added when the config has none.
+- "callback": any other script that trains with `TuneupCallback()`: every setting goes through the
+  environment (TUNEUP_TRIAL) and the callback applies it (plugins/lightning/trial.py).
+
+A script is taken for LightningCLI when its source mentions LightningCLI; `--script-kind` overrides that.
+The configuration is only printed for a LightningCLI script: a plain script given `--print_config` might
+ignore it and train.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuneup.tune.space import Config
+
+CALLBACK_PATH = "tuneup.TuneupCallback"
+PRINT_CONFIG_TIMEOUT_S = 300.0
+
+
+class ScriptError(ValueError):
+    """A command that cannot be tuned: names the problem and the fix (exit code 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    argv: tuple[str, ...]
+    kind: str  # "cli" or "callback"
+    overrides: dict[str, str] = field(default_factory=dict)  # knob -> CLI key, for "cli"
+    current: dict[str, Any] = field(default_factory=dict)  # knob -> value in the resolved config
+    add_callback: bool = False
+
+    def trial_argv(self, config: Config, baseline: Config) -> tuple[list[str], dict[str, Any]]:
+        """(argv, settings for the callback) that run `config`. Knobs at the baseline's value are left to
+        the script; the rest become overrides where the CLI has a key, else callback settings."""
+        argv = list(self.argv)
+        settings: dict[str, Any] = {}
+        if self.add_callback:
+            argv.append(f"--trainer.callbacks+={CALLBACK_PATH}")
+        for knob, value in config.as_dict().items():
+            if value == getattr(baseline, knob):
+                continue
+            key = self.overrides.get(knob) if self.kind == "cli" else None
+            if key is not None:
+                argv.append(f"--{key}={value}")
+            else:
+                settings[knob] = value
+        return argv, settings
+
+
+def script_file(argv: list[str]) -> Path | None:
+    """The Python file a command runs: `python x.py ...`, `x.py ...`, `python -m pkg.mod ...`, or a torchrun
+    or launcher in front of them."""
+    for i, arg in enumerate(argv):
+        if arg.endswith(".py") and Path(arg).is_file():
+            return Path(arg)
+        if arg == "-m" and i + 1 < len(argv):
+            try:
+                spec = importlib.util.find_spec(argv[i + 1])
+            except (ImportError, ValueError):
+                return None
+            return Path(spec.origin) if spec is not None and spec.origin else None
+    return None
+
+
+def detect_kind(argv: list[str]) -> str:
+    path = script_file(argv)
+    if path is None:
+        return "callback"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "callback"
+    return "cli" if "LightningCLI" in text else "callback"
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, Mapping):
+                out.update(_flatten(v, key))
+            else:
+                out[key] = v
+    return out
+
+
+def _find_key(flat: Mapping[str, Any], sections: tuple[str, ...], name: str) -> str | None:
+    """The first key `<section>[.init_args].<name>` present, in the order of `sections`."""
+    for section in sections:
+        for key in (f"{section}.{name}", f"{section}.init_args.{name}"):
+            if key in flat:
+                return key
+    return None
+
+
+def read_cli_config(argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """The script's resolved configuration, from `--print_config` (parsed as YAML)."""
+    try:
+        import yaml
+    except ImportError:
+        raise ScriptError(
+            "reading a LightningCLI script's configuration needs PyYAML (jsonargparse installs it): "
+            "pip install pyyaml, or pass --script-kind callback"
+        ) from None
+    try:
+        proc = subprocess.run(
+            [*argv, "--print_config"],
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=PRINT_CONFIG_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise ScriptError(f"cannot run {argv[0]!r} ({exc.strerror or exc})") from None
+    except subprocess.TimeoutExpired:
+        raise ScriptError(
+            f"{' '.join(argv)} --print_config did not finish in {PRINT_CONFIG_TIMEOUT_S:.0f} s; "
+            "pass --script-kind callback to tune it through TuneupCallback instead"
+        ) from None
+    try:
+        config = yaml.safe_load(proc.stdout) if proc.returncode == 0 else None
+    except yaml.YAMLError:
+        config = None
+    if not isinstance(config, Mapping) or "trainer" not in config:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise ScriptError(
+            f"{' '.join(argv)} --print_config printed no LightningCLI configuration (exit {proc.returncode}: "
+            f"{tail}); if the script is not a LightningCLI one, pass --script-kind callback"
+        )
+    return dict(config)
+
+
+def cli_script(argv: list[str], config: Mapping[str, Any]) -> Script:
+    flat = _flatten(config)
+    overrides: dict[str, str] = {
+        "accumulate_grad_batches": "trainer.accumulate_grad_batches",
+        "precision": "trainer.precision",
+    }
+    for knob, name in (("batch_size", "batch_size"), ("num_workers", "num_workers")):
+        key = _find_key(flat, ("data", "model"), name)
+        if key is not None:
+            overrides[knob] = key
+    current = {knob: flat.get(key) for knob, key in overrides.items() if key in flat}
+    callbacks = (config.get("trainer") or {}).get("callbacks") or []
+    if not isinstance(callbacks, list):
+        callbacks = [callbacks]
+    has_callback = any("TuneupCallback" in str(c) for c in callbacks)
+    return Script(tuple(argv), "cli", overrides, current, add_callback=not has_callback)
+
+
+def inspect_script(argv: list[str], env: Mapping[str, str], kind: str = "auto") -> Script:
+    if not argv:
+        raise ScriptError("no command to tune: put it after --, e.g. tuneup tune -- python train.py")
+    kind = detect_kind(argv) if kind == "auto" else kind
+    if kind == "cli":
+        return cli_script(argv, read_cli_config(argv, env))
+    if kind != "callback":
+        raise ScriptError(f"--script-kind {kind!r} is not one of auto, cli, callback")
+    return Script(tuple(argv), "callback")

@@ -1,0 +1,178 @@
+"""Which configuration to measure next, and when to stop: the most promising first, by the model refitted
+after every trial.
+
+Each untried configuration gets a predicted objective with an interval (tuneup.tune.predict). The next
+trial is the one with the highest `value + optimism x (high - value)`: mostly the best prediction, pulled
+towards settings whose interval says they could be much better (a worker count never tried when the step
+waits for data). The search stops when no untried configuration's *optimistic* figure beats the best
+measured one by `min_gain`: what is left could not be worth a trial even if the model erred its way.
+
+Out of memory is a result: a micro-batch that did not fit rules out every larger one at the same
+precision. A knob the script could not apply is dropped (its other values are not tried).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tuneup.advise.model import Range
+from tuneup.tune.objective import Objective
+from tuneup.tune.predict import TrialModel, fit_trial_model
+from tuneup.tune.space import Config, SearchSpace
+from tuneup.tune.state import INFEASIBLE, Trial
+
+OPTIMISM = 0.5
+MIN_GAIN = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    config: Config
+    step_ms: Range
+    rate: Range  # the objective's rate (higher is better), for the predicted step's interval
+
+    @property
+    def acquisition(self) -> float:
+        return self.rate.value + OPTIMISM * (self.rate.high - self.rate.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    candidate: Candidate | None  # None: stop
+    reason: str  # why this one, or why stop
+    best: Trial | None
+
+
+@dataclass(frozen=True, slots=True)
+class Economy:
+    """What turns a step time into the objective's rate: the same for every configuration of a session."""
+
+    world_size: int
+    usd_per_hour: float | None
+    b_noise: float | None
+    b_reference: float
+    tokens_per_sample: float | None
+
+
+def economy_of(trials: Sequence[Trial], world_size: int, baseline: Config) -> Economy:
+    measured = [t for t in trials if t.measured]
+    prices = [t.usd_per_hour for t in measured if t.usd_per_hour]
+    noise = sorted(t.b_noise for t in measured if t.b_noise)
+    tokens = [
+        t.observation.tokens_per_sample for t in measured if t.observation and t.observation.tokens_per_sample
+    ]
+    return Economy(
+        world_size=world_size,
+        usd_per_hour=prices[0] if prices else None,
+        b_noise=noise[len(noise) // 2] if noise else None,
+        b_reference=float(baseline.global_batch(world_size) or 1),
+        tokens_per_sample=tokens[0] if tokens else None,
+    )
+
+
+def rate_of(objective: Objective, economy: Economy, config: Config, samples_per_s: float) -> float | None:
+    return objective.rate(
+        samples_per_s,
+        float(config.global_batch(economy.world_size) or 1),
+        usd_per_hour=economy.usd_per_hour,
+        b_noise=economy.b_noise,
+        b_reference=economy.b_reference,
+        tokens_per_sample=economy.tokens_per_sample,
+    )
+
+
+def excluded(config: Config, trials: Sequence[Trial], baseline: Config, dropped: Sequence[str]) -> str | None:
+    """Why `config` is not a candidate, or None."""
+    for trial in trials:
+        if trial.config == config:
+            return f"tried in trial {trial.index} ({trial.status})"
+        if (
+            trial.status == INFEASIBLE
+            and trial.config.precision == config.precision
+            and (config.batch_size or 0) >= (trial.config.batch_size or 0)
+        ):
+            return f"micro-batch {config.batch_size} >= {trial.config.batch_size}, which ran out of memory"
+    for knob in dropped:
+        if getattr(config, knob) != getattr(baseline, knob):
+            return f"{knob} cannot be applied to this script"
+    return None
+
+
+class Search:
+    def __init__(
+        self,
+        space: SearchSpace,
+        baseline: Config,
+        objective: Objective,
+        world_size: int,
+        *,
+        min_gain: float = MIN_GAIN,
+    ) -> None:
+        self.space = space
+        self.baseline = baseline
+        self.objective = objective
+        self.world_size = world_size
+        self.min_gain = min_gain
+        self.configs = space.configs(baseline)
+
+    def model(self, trials: Sequence[Trial]) -> TrialModel:
+        return fit_trial_model(trials, self.baseline, self.world_size)
+
+    def candidates(self, trials: Sequence[Trial], dropped: Sequence[str] = ()) -> list[Candidate]:
+        measured = [t for t in trials if t.measured]
+        if not measured:
+            return []
+        model = self.model(trials)
+        economy = economy_of(trials, self.world_size, self.baseline)
+        out = []
+        for config in self.configs:
+            if excluded(config, trials, self.baseline, dropped):
+                continue
+            step = model.predict(config)
+            samples = float(config.global_batch(self.world_size) or 1)
+
+            def rate(step_ms: float, config: Config = config, samples: float = samples) -> float:
+                value = rate_of(self.objective, economy, config, samples * 1000.0 / step_ms)
+                return value if value is not None else 0.0
+
+            # A longer step is a lower rate: the interval's ends swap.
+            out.append(Candidate(config, step, Range(rate(step.value), rate(step.high), rate(step.low))))
+        return out
+
+    def measured_rate(self, trial: Trial, trials: Sequence[Trial]) -> float | None:
+        """The trial's rate with the session's economy (one price, one noise scale for every trial)."""
+        if trial.samples_per_s is None:
+            return None
+        economy = economy_of(trials, self.world_size, self.baseline)
+        return rate_of(self.objective, economy, trial.config, trial.samples_per_s)
+
+    def best(self, trials: Sequence[Trial]) -> Trial | None:
+        """The search's best measured trial (confirmation reruns are judged apart)."""
+        measured = [t for t in trials if t.measured and t.role != "confirm"]
+        return max(measured, key=lambda t: self.measured_rate(t, trials) or 0.0, default=None)
+
+    def decide(self, trials: Sequence[Trial], dropped: Sequence[str] = ()) -> Decision:
+        candidates = self.candidates(trials, dropped)
+        best = self.best(trials)
+        if best is None:
+            return Decision(None, "no trial has measured anything yet", None)
+        best_rate = self.measured_rate(best, trials) or 0.0
+        if not candidates:
+            return Decision(None, "every configuration of the space has been tried or ruled out", best)
+        top = max(candidates, key=lambda c: (c.acquisition, c.rate.value))
+        hopeful = max(c.rate.high for c in candidates)
+        if best_rate > 0 and hopeful < best_rate * (1 + self.min_gain):
+            return Decision(
+                None,
+                f"no untried configuration is predicted to beat the best measured by {self.min_gain:.0%} even at "
+                f"the optimistic end of its interval (at most {hopeful / best_rate - 1:+.1%})",
+                best,
+            )
+        gain = top.rate.change_from(best_rate) if best_rate > 0 else None
+        why = (
+            f"predicted {gain.value:+.1%} [{gain.low:+.1%}, {gain.high:+.1%}] over the best so far"
+            if gain
+            else "the best prediction"
+        )
+        return Decision(top, why, best)

@@ -1,0 +1,404 @@
+"""A tuning session: the baseline trial, the search, the confirmation, each trial saved as it ends.
+
+1. The baseline: the user's command as it is. Its run says the current settings (batch per rank,
+   accumulation, workers, precision, world size), which fill the knob ranges not given.
+2. The search (tuneup.tune.search) until it stops, or the budget (trials, minutes, dollars) is spent.
+3. The confirmation: the best configuration and the baseline rerun, interleaved (B W W B ...), and the
+   compare rule (tuneup.compare.rule: Welch on logs and a change beyond max(5%, 2 x CV)) decides whether the
+   winner is really better. When it cannot tell, the verdict says so and the current settings are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tuneup.record.schema import ENV_RUN_DIR
+from tuneup.tune.objective import Objective
+from tuneup.tune.protocol import ENV_SESSION, ENV_TRIAL, StopRule, TrialSpec
+from tuneup.tune.runner import Limits, run_supervised
+from tuneup.tune.script import Script
+from tuneup.tune.search import Decision, Search, economy_of, rate_of
+from tuneup.tune.space import Config, SearchSpace
+from tuneup.tune.state import (
+    FAILED,
+    INFEASIBLE,
+    OK,
+    TRIALS_DIR,
+    Prediction,
+    Trial,
+    TuneState,
+    save_state,
+)
+
+CONFIRM_RUNS = 2  # extra runs a side: with the search's own trial, 3 a side, what the compare rule needs
+
+
+class TuneError(Exception):
+    """The session cannot go on (the baseline failed, bad options): one line, exit code 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    max_trials: int = 12  # the baseline and the search's trials; confirmation runs come on top
+    max_minutes: float | None = None
+    max_dollars: float | None = None
+
+
+@dataclass(slots=True)
+class TuneOptions:
+    objective: Objective
+    budget: Budget = field(default_factory=Budget)
+    stop: StopRule = field(default_factory=StopRule)
+    limits: Limits = field(default_factory=Limits)
+    min_gain: float = 0.05
+    confirm_runs: int = CONFIRM_RUNS
+    price_env: dict[str, str] = field(default_factory=dict)  # TUNEUP_INSTANCE... for every trial
+
+
+def measure(trial: Trial, run_dir: Path) -> None:
+    """Fill the trial's figures from its run record; a run that cannot carry them fails the trial."""
+    from tuneup.advise.observe import AdviceInputError, observe
+    from tuneup.analyze.analysis import analyze_run
+    from tuneup.compare.runs import summarize_run
+    from tuneup.record import RunRecordError, load_run
+
+    try:
+        run = load_run(run_dir)
+        analysis = analyze_run(run)
+        observation = observe(analysis)
+    except (RunRecordError, AdviceInputError, ValueError) as exc:
+        trial.status, trial.reason = FAILED, f"its record cannot be measured: {exc}"
+        return
+    summary = summarize_run(run)
+    trial.observation = observation
+    trial.step_ms = analysis.step_time.mean_ms
+    trial.samples_per_s = analysis.throughput.samples_per_s
+    trial.tokens_per_s = analysis.throughput.tokens_per_s
+    trial.steps = summary.steady_steps
+    trial.peak_memory_bytes = summary.peak_memory_bytes
+    trial.usd_per_hour = analysis.cost.figures.usd_per_hour if analysis.cost is not None else None
+    trial.b_noise = analysis.noise_scale.b_simple if analysis.noise_scale is not None else None
+
+
+def _namespace(run_dir: Path) -> str | None:
+    """The Lightning namespace the script trains with, for the winner's code."""
+    from tuneup.record import RunRecordError, load_run
+
+    try:
+        return load_run(run_dir).manifest.trainer.get("namespace")
+    except RunRecordError:
+        return None
+
+
+def config_of_run(trial: Trial) -> Config:
+    """The settings a trial's run really had, from its record."""
+    o = trial.observation
+    assert o is not None
+    return Config(
+        batch_size=o.batch_size,
+        accumulate_grad_batches=o.accumulation,
+        num_workers=o.num_workers,
+        comm_hook="allreduce" if o.world_size > 1 else None,
+        precision=o.precision,
+    )
+
+
+def default_space(
+    requested: Mapping[str, Any],
+    baseline: Config,
+    world_size: int,
+    ranks_per_node: int,
+    on_gpu: bool,
+    cpus: int,
+) -> SearchSpace:
+    """The knob values asked for, and around the baseline for those not given: the per-rank batch from half
+    to 4x, accumulation 1/2/4, workers up to Lightning's suggestion (CPUs per rank - 1), the fp16 hook (and
+    bf16 on GPUs) where ranks communicate. Precision is tuned only when asked (--precision)."""
+    values: dict[str, tuple[Any, ...]] = {}
+    b = baseline.batch_size
+    values["batch_size"] = tuple(sorted({max(1, b // 2), b, 2 * b, 4 * b})) if b else ()
+    values["accumulate_grad_batches"] = (1, 2, 4)
+    if baseline.num_workers is not None:
+        most = max(1, cpus // max(1, ranks_per_node) - 1)
+        values["num_workers"] = tuple(sorted({0, 1, min(2, most), min(4, most), baseline.num_workers}))
+    values["comm_hook"] = (
+        (("allreduce", "fp16", "bf16") if on_gpu else ("allreduce", "fp16")) if world_size > 1 else ()
+    )
+    values["precision"] = ()
+    for knob, asked in requested.items():
+        if asked:
+            values[knob] = tuple(asked)
+    return SearchSpace(**values)
+
+
+class Session:
+    def __init__(
+        self,
+        tune_dir: Path,
+        state: TuneState,
+        script: Script,
+        options: TuneOptions,
+        echo: Callable[[str], None] = print,
+    ) -> None:
+        self.tune_dir = tune_dir
+        self.state = state
+        self.script = script
+        self.options = options
+        self.echo = echo
+        self.session_id = uuid.uuid4().hex[:12]
+        self.started = time.monotonic()
+        self.spent_s = sum(t.wall_s for t in state.trials)  # a resumed session's earlier trials count
+
+    # -- bookkeeping ---------------------------------------------------------------------------------
+
+    @property
+    def trials(self) -> list[Trial]:
+        return self.state.trials
+
+    def _save(self) -> None:
+        save_state(self.tune_dir, self.state)
+
+    def _usd_per_hour(self) -> float | None:
+        prices = [t.usd_per_hour for t in self.trials if t.usd_per_hour]
+        return prices[0] if prices else None
+
+    def spent_usd(self) -> float | None:
+        price = self._usd_per_hour()
+        return self.spent_s / 3600.0 * price if price else None
+
+    def _budget_left(self) -> str | None:
+        """Why no further trial may start, or None."""
+        budget = self.options.budget
+        searched = [t for t in self.trials if t.role != "confirm"]
+        if len(searched) >= budget.max_trials:
+            return f"the budget of {budget.max_trials} trials is spent"
+        walls = [t.wall_s for t in self.trials if t.wall_s > 0]
+        next_s = sum(walls) / len(walls) if walls else 0.0
+        if budget.max_minutes is not None and (self.spent_s + next_s) / 60.0 > budget.max_minutes:
+            return f"another trial (~{next_s:.0f} s) would pass the budget of {budget.max_minutes:g} minutes"
+        price = self._usd_per_hour()
+        if (
+            budget.max_dollars is not None
+            and price
+            and (self.spent_s + next_s) / 3600.0 * price > budget.max_dollars
+        ):
+            return f"another trial would pass the budget of ${budget.max_dollars:g}"
+        return None
+
+    # -- trials --------------------------------------------------------------------------------------
+
+    def run_trial(self, config: Config | None, role: str, predicted: Prediction | None = None) -> Trial:
+        index = len(self.trials)
+        baseline = self.baseline_config
+        label = "baseline" if config is None else config.label().replace(" ", "-")
+        name = (
+            f"{index:02d}-{role if role != 'search' else label}"
+            if role != "confirm"
+            else f"{index:02d}-confirm-{label}"
+        )
+        status_dir = self.tune_dir / TRIALS_DIR / name
+        run_dir = status_dir / "run"
+        if config is None or baseline is None:
+            argv, settings = list(self.script.argv), {}
+            if self.script.add_callback:
+                argv, settings = self.script.trial_argv(Config(), Config())
+        else:
+            argv, settings = self.script.trial_argv(config, baseline)
+        spec = TrialSpec(trial=name, settings=settings, stop=self.options.stop, status_dir=str(status_dir))
+        env = {
+            **os.environ,
+            **self.options.price_env,
+            ENV_TRIAL: spec.to_env(),
+            ENV_RUN_DIR: str(run_dir.resolve()),
+            ENV_SESSION: self.session_id,
+        }
+        trial = Trial(
+            index=index,
+            name=name,
+            config=config or Config(),
+            role=role,
+            run_dir=str(run_dir.relative_to(self.tune_dir)),
+            started_unix=time.time(),
+            predicted=predicted,
+        )
+        finished = run_supervised(argv, env, status_dir.resolve(), self.options.limits)
+        trial.wall_s = finished.wall_s
+        self.spent_s += finished.wall_s
+        trial.not_applied = {k: v for k, v in finished.not_applied.items() if k in settings}
+        if finished.out_of_memory:
+            trial.status, trial.reason = INFEASIBLE, f"out of memory: {finished.reason}"
+        elif finished.ended != "exited":
+            trial.status, trial.reason = FAILED, f"{finished.ended}: {finished.reason}"
+        elif trial.not_applied:
+            knobs = ", ".join(f"{k} ({v})" for k, v in trial.not_applied.items())
+            trial.status, trial.reason = FAILED, f"the script could not apply {knobs}"
+            for knob, why in trial.not_applied.items():
+                self.state.dropped[knob] = why
+        elif not (run_dir / "manifest.json").is_file():
+            trial.status = FAILED
+            trial.reason = (
+                f"no run was recorded in {run_dir}: does the script train with TuneupCallback() (dirpath left "
+                f"unset, so that {ENV_RUN_DIR} applies)? output: {finished.output_tail}"
+            )
+        else:
+            measure(trial, run_dir)
+            if trial.status == OK:
+                self._check_settings(trial, config)
+        if config is None and trial.status == OK:
+            trial.config = config_of_run(trial)
+            self.state.options["namespace"] = _namespace(run_dir)
+        if trial.status == OK:
+            economy = economy_of(
+                [*self.trials, trial], self._world_size(trial), self.baseline_config or trial.config
+            )
+            trial.objective = rate_of(
+                self.options.objective, economy, trial.config, trial.samples_per_s or 0.0
+            )
+            if trial.objective is None:
+                trial.status = FAILED
+                trial.reason = "its objective could not be computed (a price or a token count is missing)"
+        self.trials.append(trial)
+        self._save()
+        return trial
+
+    def _world_size(self, trial: Trial) -> int:
+        return trial.observation.world_size if trial.observation else 1
+
+    def _check_settings(self, trial: Trial, config: Config | None) -> None:
+        """A trial whose run had other settings than asked would mislead the search: it fails instead."""
+        if config is None:
+            return
+        ran = config_of_run(trial)
+        for knob in ("batch_size", "accumulate_grad_batches", "num_workers", "precision"):
+            wanted, got = getattr(config, knob), getattr(ran, knob)
+            if wanted is not None and got is not None and str(wanted) != str(got):
+                trial.status = FAILED
+                trial.reason = f"the run had {knob} {got}, not the {wanted} asked for"
+                self.state.dropped.setdefault(knob, f"a trial asked for {wanted} and the run had {got}")
+                return
+
+    # -- the session ---------------------------------------------------------------------------------
+
+    @property
+    def baseline_config(self) -> Config | None:
+        b = self.state.baseline
+        return b.config if b is not None and b.status == OK else None
+
+    @property
+    def world_size(self) -> int:
+        b = self.state.baseline
+        return b.observation.world_size if b is not None and b.observation else 1
+
+    def search(self) -> Search:
+        assert self.state.space is not None and self.baseline_config is not None
+        return Search(
+            self.state.space,
+            self.baseline_config,
+            self.options.objective,
+            self.world_size,
+            min_gain=self.options.min_gain,
+        )
+
+    def run(self, progress: Callable[[Session, Trial], None] | None = None) -> TuneState:
+        if self.state.baseline is None:
+            trial = self.run_trial(None, "baseline")
+            if progress:
+                progress(self, trial)
+        baseline = self.state.baseline
+        assert baseline is not None
+        if baseline.status != OK:
+            raise TuneError(
+                f"the baseline run (your command as it is) failed: {baseline.reason}; see "
+                f"{self.tune_dir / TRIALS_DIR / baseline.name / 'output.log'}"
+            )
+        if self.state.space is None:
+            obs = baseline.observation
+            assert obs is not None
+            space = default_space(
+                self.state.requested,
+                baseline.config,
+                obs.world_size,
+                obs.ranks_per_node,
+                obs.on_gpu,
+                obs.cpu_count or 1,
+            )
+            if self.state.options.get("keep_global_batch"):
+                space = replace(space, keep_global_batch=True)
+            self.state.space = space.with_baseline(baseline.config)
+            self._save()
+        search = self.search()
+        while self.state.result is None:
+            why_not = self._budget_left()
+            if why_not is not None:
+                self.state.stopped_because = why_not
+                break
+            decision: Decision = search.decide(self.trials, tuple(self.state.dropped))
+            if decision.candidate is None:
+                self.state.stopped_because = decision.reason
+                break
+            c = decision.candidate
+            trial = self.run_trial(c.config, "search", Prediction(c.rate.value, c.rate.low, c.rate.high))
+            if progress:
+                progress(self, trial)
+        self._save()
+        if self.state.result is None:
+            self.state.result = self.confirm(search, progress)
+            self._save()
+        return self.state
+
+    def confirm(self, search: Search, progress: Callable[[Session, Trial], None] | None) -> dict[str, Any]:
+        from tuneup.compare.rule import Verdict, decide
+
+        baseline = self.state.baseline
+        assert baseline is not None
+        best = search.best(self.trials) or baseline
+        result: dict[str, Any] = {"best_trial": best.index, "winner": best.config.as_dict()}
+        if best.config == baseline.config:
+            result.update(
+                kept_current=True,
+                verdict=None,
+                reason="no configuration measured better than your current settings",
+            )
+            return result
+        for i in range(self.options.confirm_runs):
+            order = (baseline.config, best.config) if i % 2 else (best.config, baseline.config)
+            for config in order:
+                trial = self.run_trial(config, "confirm")
+                if progress:
+                    progress(self, trial)
+
+        def rates(config: Config, first: Trial) -> list[float]:
+            runs = [first] + [
+                t for t in self.trials if t.role == "confirm" and t.config == config and t.measured
+            ]
+            return [r for r in (search.measured_rate(t, self.trials) for t in runs) if r]
+
+        base_rates, best_rates = rates(baseline.config, baseline), rates(best.config, best)
+        objective = self.options.objective
+        # The rate is what the search ranked (higher is better, also for time and cost to a target).
+        verdict = decide(objective.rate_label, base_rates, best_rates, higher_is_better=True)
+        improved = verdict.verdict is Verdict.IMPROVEMENT
+        result.update(
+            kept_current=not improved,
+            verdict=verdict.verdict.value,
+            reason=verdict.reason,
+            gain=(verdict.ratio - 1.0) if verdict.ratio is not None else None,
+            gain_low=(verdict.ci_low - 1.0) if verdict.ci_low is not None else None,
+            gain_high=(verdict.ci_high - 1.0) if verdict.ci_high is not None else None,
+            baseline_rates=base_rates,
+            winner_rates=best_rates,
+        )
+        if not improved:
+            result["winner"] = baseline.config.as_dict()
+        return result
+
+
+def resumable(state: TuneState) -> TuneState:
+    """The session to continue: its result cleared (a resumed session may search further) and no trial lost."""
+    return replace(state, result=None, stopped_because=None)
