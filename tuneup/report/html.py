@@ -248,7 +248,18 @@ _CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri '
 
 def render_html(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> str:
     """The whole report as one HTML5 document that opens offline."""
-    sections = report_sections(analysis, plots)
+    return render_sections_html(
+        page_title(analysis),
+        page_subtitle(analysis),
+        report_sections(analysis, plots),
+        generated_line(analysis),
+    )
+
+
+def render_sections_html(title: str, subtitle: str, sections: Sequence[Section], footer: str = "") -> str:
+    """Any sections as one offline HTML5 page with the report's shell: styles, the policy that forbids
+    script and fetches, a table of contents, and every string escaped (`tuneup tune`'s report uses it).
+    Figures are the sections' own Figure blocks, embedded as data: URIs."""
     toc = _el(
         "nav",
         _el("ol", _join([_el("li", _el("a", s.title, href=f"#{s.id}")) for s in sections])),
@@ -261,17 +272,17 @@ def render_html(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> str:
         _void("meta", http_equiv="Content-Security-Policy", content=_CSP),
         _void("meta", name="viewport", content="width=device-width, initial-scale=1"),
         _void("meta", name="color-scheme", content="light"),
-        _el("title", page_title(analysis)),
+        _el("title", title),
         _el("style", _Html(_CSS)),
     )
     body = _el(
         "body",
         _el(
             "main",
-            _el("header", _el("h1", page_title(analysis)), _el("p", page_subtitle(analysis))),
+            _el("header", _el("h1", title), _el("p", subtitle)),
             toc,
             _join([_section(s) for s in sections]),
-            _el("footer", _el("p", generated_line(analysis))),
+            _el("footer", _el("p", footer)) if footer else "",
         ),
     )
     return "<!DOCTYPE html>\n" + _el("html", head, body, lang="en") + "\n"

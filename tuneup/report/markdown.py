@@ -132,11 +132,25 @@ def render_section(section: Section, image_prefix: str = "") -> str:
 
 def render_markdown(analysis: RunAnalysis, plots: Sequence[PlotFile], image_prefix: str = "") -> str:
     """The report as Markdown; plot images are linked as `image_prefix + plot.name`."""
-    sections = report_sections(analysis, plots)
+    return render_sections_markdown(
+        page_title(analysis),
+        page_subtitle(analysis),
+        report_sections(analysis, plots),
+        generated_line(analysis),
+        image_prefix,
+    )
+
+
+def render_sections_markdown(
+    title: str, subtitle: str, sections: Sequence[Section], footer: str = "", image_prefix: str = ""
+) -> str:
+    """Any sections as one Markdown document, as the report writes them (`tuneup tune`'s report uses it);
+    figures link to `image_prefix + plot.name`."""
     parts = [
-        f"# {_md(page_title(analysis))}",
-        _md(page_subtitle(analysis)),
+        f"# {_md(title)}",
+        _md(subtitle),
         *(_section(s, image_prefix) for s in sections),
-        f"_{_md(generated_line(analysis))}_",
     ]
+    if footer:
+        parts.append(f"_{_md(footer)}_")
     return "\n\n".join(parts) + "\n"
