@@ -355,3 +355,16 @@ def test_tune_refuses_bad_options_with_exit_2(tmp_path: Path) -> None:
     assert hook.returncode == 2 and "--comm-hook" in hook.stderr
     resume = tune("--resume", str(tmp_path / "none"))
     assert resume.returncode == 2 and "not a tuning directory" in resume.stderr
+
+
+def test_the_winner_is_the_simplest_of_the_configurations_measured_as_good_as_the_best() -> None:
+    base = Config(16, 1, 0, "allreduce", "32-true")
+    search = Search(SPACE, base, Objective("throughput"), world_size=2)
+    simple, busy = Config(64, 1, 0, "allreduce", "32-true"), Config(64, 2, 1, "fp16", "32-true")
+    trials = [_trial(base, 0, "baseline"), _trial(simple, 1), _trial(busy, 2)]
+    trials[0].samples_per_s = 500.0
+    trials[1].samples_per_s, trials[2].samples_per_s = 1000.0, 1020.0  # 2% apart: within the tie
+    assert search.best(trials) is trials[2]
+    assert search.winner(trials) is trials[1]
+    trials[2].samples_per_s = 1100.0  # 10% apart: a difference worth its changes
+    assert search.winner(trials) is trials[2]

@@ -136,3 +136,32 @@ def test_an_exception_is_reported_with_out_of_memory_marked(
         )
     failure = json.loads((tmp_path / "status" / "failed-rank0.json").read_text())
     assert failure["out_of_memory"] is True and failure["type"] == "OutOfMemoryError"
+
+
+def test_accumulation_is_not_applied_to_manual_optimization(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning.pytorch as L
+
+    model_cls, data_cls = make_classes(L)
+
+    class Manual(model_cls):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__(hidden=16)
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            opt = self.optimizers()
+            loss = super().training_step(batch, batch_idx)
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+            return loss
+
+    trainer, status = _fit(
+        L, Manual(), data_cls(batch_size=8), tmp_path, monkeypatch, {"accumulate_grad_batches": 2},
+        StopRule(max_steps=6, warmup_steps=1, min_steps=2),
+    )  # fmt: skip
+    applied = json.loads((status / "applied.json").read_text())
+    assert "manual" in applied["not_applied"]["accumulate_grad_batches"]
+    assert trainer.accumulate_grad_batches == 1

@@ -87,7 +87,7 @@ class TrialControl:
     def apply_at_setup(self, trainer: Any, pl_module: Any, on_cuda: bool) -> None:
         appliers = {
             "batch_size": lambda v: self._set_batch_size(trainer, pl_module, int(v)),
-            "accumulate_grad_batches": lambda v: self._set_accumulation(trainer, int(v)),
+            "accumulate_grad_batches": lambda v: self._set_accumulation(trainer, pl_module, int(v)),
             "comm_hook": lambda v: self._apply_comm_hook(trainer, str(v), on_cuda),
             "num_workers": lambda v: self._set_workers(trainer, pl_module, int(v)),
             "precision": lambda v: self.not_applied.__setitem__(
@@ -126,7 +126,13 @@ class TrialControl:
                 "`self.batch_size` and use it there"
             )
 
-    def _set_accumulation(self, trainer: Any, value: int) -> None:
+    def _set_accumulation(self, trainer: Any, pl_module: Any, value: int) -> None:
+        if not getattr(pl_module, "automatic_optimization", True):
+            self.not_applied["accumulate_grad_batches"] = (
+                "the module optimizes manually (automatic_optimization = False): Lightning's accumulation does "
+                "not apply; accumulate in training_step yourself"
+            )
+            return
         if any(type(c).__name__ == "GradientAccumulationScheduler" for c in trainer.callbacks):
             self.not_applied["accumulate_grad_batches"] = "a GradientAccumulationScheduler sets it"
             return

@@ -24,6 +24,9 @@ from tuneup.tune.state import INFEASIBLE, Trial
 
 OPTIMISM = 0.5
 MIN_GAIN = 0.05
+# Measured within this fraction of the best, a configuration is as good as the best (half the smallest
+# gain worth acting on): the winner is then the one that changes the fewest knobs.
+TIE = 0.025
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,28 @@ class Search:
         """The search's best measured trial (confirmation reruns are judged apart)."""
         measured = [t for t in trials if t.measured and t.role != "confirm"]
         return max(measured, key=lambda t: self.measured_rate(t, trials) or 0.0, default=None)
+
+    def winner(self, trials: Sequence[Trial]) -> Trial | None:
+        """The configuration to confirm: of those measured within TIE of the best, the one that changes the
+        fewest knobs from the current settings (a knob that made no measurable difference stays as it is)."""
+        best = self.best(trials)
+        if best is None:
+            return None
+        top = self.measured_rate(best, trials) or 0.0
+        close = [
+            t
+            for t in trials
+            if t.measured
+            and t.role != "confirm"
+            and (self.measured_rate(t, trials) or 0.0) >= top * (1 - TIE)
+        ]
+        return min(
+            close,
+            key=lambda t: (
+                len(t.config.changes_from(self.baseline)),
+                -(self.measured_rate(t, trials) or 0.0),
+            ),
+        )
 
     def decide(self, trials: Sequence[Trial], dropped: Sequence[str] = ()) -> Decision:
         candidates = self.candidates(trials, dropped)

@@ -357,7 +357,7 @@ class Session:
 
         baseline = self.state.baseline
         assert baseline is not None
-        best = search.best(self.trials) or baseline
+        best = search.winner(self.trials) or baseline
         result: dict[str, Any] = {"best_trial": best.index, "winner": best.config.as_dict()}
         if best.config == baseline.config:
             result.update(
