@@ -206,11 +206,11 @@ def _oracle() -> object:
 @pytest.mark.parametrize("grid", sorted(p.name for p in GRIDS.glob("*.json")))
 def test_recorded_grid_replay_reaches_095_of_the_best_in_a_third_of_the_trials(grid: str) -> None:
     oracle = _oracle()
-    _, rows = oracle.load_grid(GRIDS / grid)  # type: ignore[attr-defined]
+    _, rows, space = oracle.load_grid(GRIDS / grid)  # type: ignore[attr-defined]
     assert len(rows) >= 12
     scores = []
     for seed in range(10):
-        score, used, _, _ = oracle.replay_one(rows, seed, 1 / 3)  # type: ignore[attr-defined]
+        score, used, _, _ = oracle.replay_one(rows, space, seed, 1 / 3)  # type: ignore[attr-defined]
         assert used <= len(rows) // 3
         scores.append(score)
     assert sum(s >= 0.95 for s in scores) >= 8, scores

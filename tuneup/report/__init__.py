@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -118,26 +118,32 @@ def write_analysis(
     caller that has the analysis already and must not make it twice (the demo prints it first)."""
     wanted = parse_formats(formats)
     target = Path(out_dir) if out_dir is not None else Path("reports") / _plain_name(analysis.run.run_id)
+    files = publish(target, "the report", lambda scratch: _render_into(analysis, scratch, wanted))
+    return WrittenReport(out_dir=target, files=files, warnings=analysis.warnings, findings=analysis.findings)
+
+
+def publish(target: Path, what: str, render: Callable[[Path], Sequence[str]]) -> list[Path]:
+    """Render files into a scratch directory inside `target` (`render` returns their names), then move them
+    into place: a failure leaves the previous files. ReportError names `what` and the directory."""
     try:
         target.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".tuneup-report-", dir=target))
     except OSError as exc:
         raise ReportError(
-            f"cannot write the report to {target}: {exc.strerror or exc}; pass -o with a writable directory"
+            f"cannot write {what} to {target}: {exc.strerror or exc}; pass -o with a writable directory"
         ) from None
     try:
-        written = _render_into(analysis, scratch, wanted)
         files = []
-        for name in written:
+        for name in render(scratch):
             os.replace(scratch / name, target / name)
             files.append(target / name)
     except OSError as exc:
         raise ReportError(
-            f"cannot write the report to {target}: {exc.strerror or exc}; pass -o with a writable directory"
+            f"cannot write {what} to {target}: {exc.strerror or exc}; pass -o with a writable directory"
         ) from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return WrittenReport(out_dir=target, files=files, warnings=analysis.warnings, findings=analysis.findings)
+    return files
 
 
 def _plain_name(run_id: Any) -> str:

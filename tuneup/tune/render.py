@@ -17,10 +17,7 @@ objective's own (`Objective.figure`): hours and dollars for `time` and `cost`, w
 from __future__ import annotations
 
 import math
-import os
 import shlex
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -772,20 +769,14 @@ def write_tune_report(
     Raises TuneStateError for a directory that holds no readable session, and tuneup.report.ReportError for
     an unknown format or an output directory that cannot be written. Files are rendered into a scratch
     directory and moved into place only when all of them succeeded."""
-    from tuneup.report import ReportError, json_text, parse_formats
+    from tuneup.report import json_text, parse_formats, publish
 
     wanted = parse_formats(formats)
     tune_dir = Path(tune_dir)
     state = load_state(tune_dir)
     target = Path(out_dir) if out_dir is not None else tune_dir / REPORT_DIR
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".tuneup-tune-report-", dir=target))
-    except OSError as exc:
-        raise ReportError(
-            f"cannot write the tuning report to {target}: {exc.strerror or exc}; pass a writable directory"
-        ) from None
-    try:
+
+    def render(scratch: Path) -> list[str]:
         names: list[str] = []
         plots: list[PlotFile] = []
         if "html" in wanted or "md" in wanted:
@@ -813,15 +804,9 @@ def write_tune_report(
             text = render_sections_html(title, subtitle, sections, footer)
             (scratch / HTML_NAME).write_text(text, encoding="utf-8")
             names.append(HTML_NAME)
-        for name in names:
-            os.replace(scratch / name, target / name)
-    except OSError as exc:
-        raise ReportError(
-            f"cannot write the tuning report to {target}: {exc.strerror or exc}; pass a writable directory"
-        ) from None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return [target / name for name in names]
+        return names
+
+    return publish(target, "the tuning report", render)
 
 
 # ---------------------------------------------------------------------------------------------------
