@@ -33,6 +33,10 @@ Checks (grown issue by issue):
    (32-true) predicts batch 24 and 64 and accumulation 4 (goal: within 10%); the bf16-mixed
    recommendation's predicted step against the measured bf16 run; the memory the batch advice predicts
    at batch 64 against the allocator's measured peak.
+10. tuning on the device (issue 15): `tuneup tune` over micro-batch x precision x workers of a LightningCLI
+   transformer whose largest micro-batches cannot fit in the GPU's memory: those trials must come back
+   "infeasible" (out of memory, larger ones ruled out without a trial), never a crash, and the session must
+   end with a winner confirmed (or not) by the compare rule. Prints the trial table and the result.
 """
 
 from __future__ import annotations
@@ -601,6 +605,101 @@ def advice_check(out: Path) -> dict[str, Any]:
     return result
 
 
+TUNE_SCRIPT = """
+import sys
+import lightning.pytorch as L
+import torch
+from lightning.pytorch.cli import LightningCLI
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class TunedLM(L.LightningModule):
+    def __init__(self, width: int = 64, depth: int = 2, vocab: int = 128):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.blocks = torch.nn.Sequential(*[Block(width) for _ in range(depth)])
+        self.head = torch.nn.Linear(width, vocab)
+
+    def training_step(self, batch, batch_idx):
+        (tokens,) = batch
+        logits = self.head(self.blocks(self.embed(tokens[:, :-1])))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+
+class Tokens(L.LightningDataModule):
+    def __init__(self, batch_size: int = 8, num_workers: int = 0, seq: int = 16, vocab: int = 128):
+        super().__init__()
+        self.batch_size, self.num_workers, self.seq, self.vocab = batch_size, num_workers, seq, vocab
+
+    def train_dataloader(self):
+        data = torch.randint(0, self.vocab, (4096, self.seq + 1))
+        return DataLoader(TensorDataset(data), batch_size=self.batch_size, num_workers=self.num_workers,
+                          shuffle=True, persistent_workers=self.num_workers > 0)
+
+
+if __name__ == "__main__":
+    LightningCLI(TunedLM, Tokens, save_config_callback=None,
+                 trainer_defaults={"max_steps": 1000, "logger": False, "enable_checkpointing": False,
+                                   "enable_progress_bar": False, "enable_model_summary": False})
+"""
+
+
+@check("tuning on the device (tuneup tune: micro-batch x precision x workers, out of memory)")
+def tune_check(out: Path) -> dict[str, Any]:
+    import subprocess
+
+    gpu = ACCELERATOR == "gpu"
+    script = out / "tune_lm.py"
+    script.write_text(TUNE_SCRIPT)
+    tune_dir = out / "tune"
+    if gpu:
+        # Logits of batch x 1024 x 32768 floats: 128 MiB a sample in 32-true, so 512 and up cannot fit in the
+        # H200's 141 GB with their gradients; 2048 never is tried once 512 ran out.
+        model = ["--model.width=1024", "--model.depth=8", "--model.vocab=32768", "--data.seq=1024",
+                 "--data.vocab=32768", "--trainer.accelerator=gpu", "--trainer.devices=1"]  # fmt: skip
+        knobs = ["--batch-size", "8,32,128,512,2048", "--precision", "32-true,bf16-mixed", "--workers", "0,2"]
+        budget = ["--max-trials", "8", "--max-minutes", "3", "--trial-steps", "60", "--confirm-runs", "1"]
+    else:
+        model = ["--trainer.accelerator=cpu", "--trainer.devices=1"]
+        knobs = ["--batch-size", "4,8", "--precision", "32-true", "--workers", "0,1"]
+        budget = ["--max-trials", "3", "--trial-steps", "40", "--min-steps", "20", "--confirm-runs", "1"]
+    command = [sys.executable, "-m", "tuneup", "tune", "--out", str(tune_dir), "--accumulate", "1",
+               *knobs, *budget, "--", sys.executable, str(script), "fit", "--data.batch_size=8", *model]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=330, check=False)
+    print(proc.stdout[-6000:])
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:])
+    state = json.loads((tune_dir / "tune.json").read_text())
+    trials = [
+        {
+            k: t.get(k)
+            for k in ("index", "role", "config", "status", "reason", "samples_per_s", "step_ms", "wall_s")
+        }
+        for t in state["trials"]
+    ]
+    return {
+        "returncode": proc.returncode,
+        "trials": trials,
+        "infeasible": [t["config"] for t in trials if t["status"] == "infeasible"],
+        "result": state.get("result"),
+        "stopped_because": state.get("stopped_because"),
+    }
+
+
 @check("environment")
 def environment() -> dict[str, Any]:
     import torch
@@ -644,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
     overhead(out, 2 if args.quick else 3)
     sweep(out, 30 if args.quick else 50)
     advice_check(out)
+    tune_check(out)
     (out / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     print(f"\nwrote {out / 'gpu_check.json'}")
     if args.out is None:

@@ -291,6 +291,9 @@ CHILD = textwrap.dedent(
         time.sleep(600)
     elif mode == "hang":
         time.sleep(600)
+    elif mode == "refuse":
+        (status / "applied.json").write_text(json.dumps({"applied": {}, "not_applied": {"batch_size": "no attribute"}}))
+        time.sleep(600)
     elif mode == "exit":
         sys.exit(0)
     """
@@ -306,7 +309,7 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split()[2] == "Z")
 
 
-@pytest.mark.parametrize("mode", ["fail", "hang", "exit"])
+@pytest.mark.parametrize("mode", ["fail", "hang", "exit", "refuse"])
 def test_supervisor_ends_the_whole_tree(tmp_path: Path, mode: str) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -318,15 +321,18 @@ def test_supervisor_ends_the_whole_tree(tmp_path: Path, mode: str) -> None:
         dict(os.environ),
         status,
         Limits(startup_s=30, stall_s=2.0, trial_s=60, grace_s=1.0, poll_s=0.05),
+        settings=("batch_size",),
     )
     took = time.monotonic() - started
-    expected = {"fail": "failed on a rank", "hang": "hang", "exit": "exited"}[mode]
+    expected = {"fail": "failed on a rank", "hang": "hang", "exit": "exited", "refuse": "not applied"}[mode]
     assert finished.ended == expected, finished
     if mode == "fail":
         assert "rank 1 raised RuntimeError: boom" in (finished.reason or "")
         assert took < 5
     if mode == "hang":
         assert 2.0 <= took < 8
+    if mode == "refuse":
+        assert finished.not_applied == {"batch_size": "no attribute"} and took < 5
     deadline = time.monotonic() + 5
     child = int((status / "child.pid").read_text())
     while _alive(child) and time.monotonic() < deadline:

@@ -42,7 +42,7 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
         description="Run short trials of your training command (a LightningCLI script, or any script that "
         "trains with TuneupCallback) over batch size, accumulation, workers, comm hook and precision; "
         "measure each, predict the rest with the step-time model, and confirm the winner against your "
-        "current settings with the compare rule. Every trial is a run record. " + ACTION_HELP,
+        "current settings with the compare rule. Every trial is a run record.",
         usage="tuneup tune [options] -- COMMAND [ARG...]\n       tuneup tune --resume TUNE_DIR [options]",
     )
     tune.add_argument("--out", metavar="TUNE_DIR", help="the tuning directory (default: reports/tune/<time>)")
@@ -73,47 +73,73 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
     )
     budget = tune.add_argument_group("budget")
     budget.add_argument(
-        "--max-trials", type=int, default=12, help="trials, the baseline included (default: %(default)s)"
+        "--max-trials",
+        metavar="N",
+        type=int,
+        default=12,
+        help="trials, the baseline included (default: %(default)s)",
     )
-    budget.add_argument("--max-minutes", type=float, help="stop starting trials past this many minutes")
     budget.add_argument(
-        "--max-dollars", type=float, help="stop starting trials past this cost (needs a price)"
+        "--max-minutes", metavar="M", type=float, help="stop starting trials past this many minutes"
+    )
+    budget.add_argument(
+        "--max-dollars", metavar="USD", type=float, help="stop starting trials past this cost (needs a price)"
     )
     budget.add_argument(
         "--min-gain",
+        metavar="FRACTION",
         type=float,
         default=0.05,
         help="stop when no untried setting could gain this (default: %(default)s)",
     )
     budget.add_argument(
         "--confirm-runs",
+        metavar="N",
         type=int,
         default=2,
         help="reruns a side to confirm the winner (default: %(default)s)",
     )
     trial = tune.add_argument_group("each trial")
     trial.add_argument(
-        "--trial-steps", type=int, default=200, help="most optimizer steps (default: %(default)s)"
+        "--trial-steps",
+        metavar="N",
+        type=int,
+        default=200,
+        help="most optimizer steps (default: %(default)s)",
     )
-    trial.add_argument("--warmup-steps", type=int, default=10, help="steps not timed (default: %(default)s)")
-    trial.add_argument("--min-steps", type=int, default=30, help="fewest timed steps (default: %(default)s)")
+    trial.add_argument(
+        "--warmup-steps", metavar="N", type=int, default=10, help="steps not timed (default: %(default)s)"
+    )
+    trial.add_argument(
+        "--min-steps", metavar="N", type=int, default=30, help="fewest timed steps (default: %(default)s)"
+    )
     trial.add_argument(
         "--step-precision",
+        metavar="FRACTION",
         type=float,
         default=0.02,
         help="stop once the mean step is known to this fraction, 95%% interval (default: %(default)s)",
     )
     trial.add_argument(
-        "--startup-timeout", type=float, default=300.0, help="s to the first step (default: %(default)s)"
+        "--startup-timeout",
+        metavar="S",
+        type=float,
+        default=300.0,
+        help="s to the first step (default: %(default)s)",
     )
     trial.add_argument(
         "--stall-timeout",
+        metavar="S",
         type=float,
         default=60.0,
         help="s without a step on any rank: a hang (default: %(default)s)",
     )
     trial.add_argument(
-        "--trial-timeout", type=float, default=1800.0, help="s for a whole trial (default: %(default)s)"
+        "--trial-timeout",
+        metavar="S",
+        type=float,
+        default=1800.0,
+        help="s for a whole trial (default: %(default)s)",
     )
     tune.add_argument(
         "--script-kind",
@@ -265,6 +291,20 @@ def _progress(session: Any, trial: Any) -> None:
     )
 
 
+def _resume_arguments(args: argparse.Namespace, state: Any) -> None:
+    """A resumed session keeps its objective, targets and price; the budget and trial options are the ones
+    given now (to search further, or with other limits)."""
+    args.objective = state.objective
+    for name in ("target_samples", "target_tokens", "target_steps"):
+        setattr(args, name, state.options.get(name))
+    price = state.options.get("price_env") or {}
+    if not (args.instance or args.price_per_hour is not None):
+        args.instance = price.get("TUNEUP_INSTANCE")
+        args.spot = price.get("TUNEUP_SPOT") == "1"
+        per_hour = price.get("TUNEUP_PRICE_PER_HOUR")
+        args.price_per_hour = float(per_hour) if per_hour else None
+
+
 def _cmd_tune(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     from tuneup.tune.render import format_tune_text, write_tune_report
     from tuneup.tune.script import ScriptError, inspect_script
@@ -274,15 +314,17 @@ def _cmd_tune(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     command = list(args.training_command)
     if command and command[0] == "--":
         command = command[1:]
-    options = _options(args, usage_error)
     try:
         if args.resume:
             if command:
                 raise usage_error("--resume continues the command it was started with: give no command")
             tune_dir = Path(args.resume)
             state = resumable(load_state(tune_dir))
+            _resume_arguments(args, state)
+            options = _options(args, usage_error)
             state.options.update({"resumed_unix": time.time()})
         else:
+            options = _options(args, usage_error)
             if not command:
                 raise usage_error("no command to tune: put it after --, e.g. tuneup tune -- python train.py")
             tune_dir = (
@@ -303,6 +345,7 @@ def _cmd_tune(args: argparse.Namespace, usage_error: type[Exception]) -> int:
                     "target_tokens": args.target_tokens,
                     "target_steps": args.target_steps,
                     "keep_global_batch": args.keep_global_batch,
+                    "price_env": options.price_env,
                 },
             )
         script = inspect_script(state.command, os.environ, state.script_kind)

@@ -30,6 +30,7 @@ RESIDUAL_KNOBS = ("num_workers", "comm_hook", "precision")
 RIDGE = 0.5  # pseudo-trials at effect 0: one trial at a level moves it two thirds of the way
 DEFAULT_SPREAD = 0.05  # log residual spread before three trials have measured it
 BACKFIT_ROUNDS = 25
+MIN_LOW_FRACTION = 0.1  # the shortest a predicted step may be, as a fraction of its point
 
 
 @dataclass(slots=True)
@@ -72,7 +73,18 @@ class TrialModel:
             high_factor *= hi
         k = math.exp(correction)
         widen = math.exp(2 * self.spread)
+        # A step takes time: the model's extremes (a compute line extrapolated far) must not reach zero.
+        low = max(low, mid * MIN_LOW_FRACTION)
         return Range(mid * k, low * k * low_factor / widen, high * k * high_factor * widen)
+
+    def unmeasured_knobs(self, config: Config) -> list[str]:
+        """The residual knobs at a level no trial has measured (the baseline's level counts as measured)."""
+        return [
+            k
+            for k in RESIDUAL_KNOBS
+            if getattr(config, k) != getattr(self.baseline, k)
+            and getattr(config, k) not in self.measured_levels.get(k, ())
+        ]
 
     def _unmeasured(
         self, knob: str, level: object, data_share: float, comm_share: float
@@ -96,8 +108,13 @@ def fit_trial_model(trials: Sequence[Trial], baseline: Config, world_size: int) 
     if not measured:
         raise ModelError("no measured trial to fit the tuner's model to")
     on_gpu = any(t.observation.on_gpu for t in measured if t.observation)
-    precision = baseline.precision
-    same = [t for t in measured if t.config.precision == precision] or measured
+    # The step model describes the baseline's workers, hook and precision (its data wait, collectives and
+    # compute are theirs); other levels are the effects' to say. Without such trials, the baseline's
+    # precision; without those, every trial.
+    at_baseline = [
+        t for t in measured if all(getattr(t.config, k) == getattr(baseline, k) for k in RESIDUAL_KNOBS)
+    ]
+    same = at_baseline or [t for t in measured if t.config.precision == baseline.precision] or measured
     # The baseline first, when measured: the advice model's "current" setting.
     same.sort(key=lambda t: (t.config != baseline, t.index))
     model: StepTimeModel | None

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,14 @@ def _failures(status_dir: Path) -> list[dict[str, Any]]:
         if data is not None:
             found.append(data)
     return found
+
+
+def _refused(status_dir: Path, settings: Collection[str]) -> str | None:
+    if not settings:
+        return None
+    applied = _read_json(status_dir / APPLIED_FILE) or {}
+    refused = {k: v for k, v in (applied.get("not_applied") or {}).items() if k in settings}
+    return "; ".join(f"{k}: {v}" for k, v in refused.items()) or None
 
 
 def _last_beat(status_dir: Path) -> float | None:
@@ -129,9 +138,15 @@ def _tail(path: Path, lines: int = 4) -> str:
 
 
 def run_supervised(
-    argv: list[str], env: dict[str, str], status_dir: Path, limits: Limits, cwd: str | None = None
+    argv: list[str],
+    env: dict[str, str],
+    status_dir: Path,
+    limits: Limits,
+    cwd: str | None = None,
+    settings: Collection[str] = (),
 ) -> Finished:
-    """Run `argv` to its end (or end it), its output in status_dir/output.log."""
+    """Run `argv` to its end (or end it), its output in status_dir/output.log. A knob of `settings` that the
+    callback reports it could not apply ends the trial at once: what would be measured is not the trial."""
     status_dir.mkdir(parents=True, exist_ok=True)
     log_path = status_dir / OUTPUT_FILE
     started = time.monotonic()
@@ -152,6 +167,10 @@ def run_supervised(
                     ended = "failed on a rank"
                     f = failures[0]
                     reason = f"rank {f.get('rank')} raised {f.get('type')}: {f.get('message')}"
+                    break
+                refused = _refused(status_dir, settings)
+                if refused:
+                    ended, reason = "not applied", refused
                     break
                 beat = _last_beat(status_dir)
                 if beat is None and now - started > limits.startup_s:

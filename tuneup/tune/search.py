@@ -7,6 +7,9 @@ towards settings whose interval says they could be much better (a worker count n
 waits for data). The search stops when no untried configuration's *optimistic* figure beats the best
 measured one by `min_gain`: what is left could not be worth a trial even if the model erred its way.
 
+A candidate brings at most one level of the knobs the model does not predict (workers, comm hook,
+precision) that no trial has measured, so that every trial's surprise can be put down to one knob.
+
 Out of memory is a result: a micro-batch that did not fit rules out every larger one at the same
 precision. A knob the script could not apply is dropped (its other values are not tried).
 """
@@ -131,6 +134,10 @@ class Search:
         out = []
         for config in self.configs:
             if excluded(config, trials, self.baseline, dropped):
+                continue
+            if len(model.unmeasured_knobs(config)) > 1:
+                # One new level at a time: a trial that tries a worker count and a hook never measured cannot
+                # tell which of them made the difference (batch and accumulation the model predicts).
                 continue
             step = model.predict(config)
             samples = float(config.global_batch(self.world_size) or 1)

@@ -227,13 +227,13 @@ class Session:
             started_unix=time.time(),
             predicted=predicted,
         )
-        finished = run_supervised(argv, env, status_dir.resolve(), self.options.limits)
+        finished = run_supervised(argv, env, status_dir.resolve(), self.options.limits, settings=settings)
         trial.wall_s = finished.wall_s
         self.spent_s += finished.wall_s
         trial.not_applied = {k: v for k, v in finished.not_applied.items() if k in settings}
         if finished.out_of_memory:
             trial.status, trial.reason = INFEASIBLE, f"out of memory: {finished.reason}"
-        elif finished.ended != "exited":
+        elif finished.ended not in ("exited", "not applied"):
             trial.status, trial.reason = FAILED, f"{finished.ended}: {finished.reason}"
         elif trial.not_applied:
             knobs = ", ".join(f"{k} ({v})" for k, v in trial.not_applied.items())
