@@ -168,7 +168,9 @@ def random_one(rows: dict[Config, list[Trial]], seed: int, fraction: float) -> f
 def replay(args: argparse.Namespace) -> int:
     paths = sorted(Path(args.grids).glob("*.json"))
     if not paths:
-        raise SystemExit(f"no grids in {args.grids}: record them first (python benchmarks/tune_oracle.py record)")
+        raise SystemExit(
+            f"no grids in {args.grids}: record them first (python benchmarks/tune_oracle.py record)"
+        )
     failed = False
     for path in paths:
         name, rows, space = load_grid(path)
@@ -181,7 +183,9 @@ def replay(args: argparse.Namespace) -> int:
         for seed in range(args.seeds):
             score, used, baseline, winner = replay_one(rows, space, seed, args.fraction)
             scores.append(score)
-            print(f"  seed {seed}: from {baseline.label():28} {used:2d} trials -> {winner.label():28} {score:.3f}")
+            print(
+                f"  seed {seed}: from {baseline.label():28} {used:2d} trials -> {winner.label():28} {score:.3f}"
+            )
         hits = sum(s >= 0.95 for s in scores)
         randoms = [random_one(rows, seed, args.fraction) for seed in range(args.seeds)]
         print(
@@ -198,7 +202,9 @@ def replay(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     rec = sub.add_parser("record")
     rec.add_argument("--workload", choices=sorted(WORKLOADS))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.workloads.tune_models import make_classes  # noqa: E402
+from tests.workloads.tune_models import make_classes
 
 
 def main() -> None:

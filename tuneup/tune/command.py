@@ -280,12 +280,12 @@ def _progress(session: Any, trial: Any) -> None:
     best = (
         session.search().best(state.trials) if state.space is not None and session.baseline_config else None
     )
-    best_text = f" | best: trial {best.index} {objective.format(best.objective)}" if best else ""
+    best_text = f" | best: #{best.index} {objective.format(best.objective)}" if best else ""
     usd = session.spent_usd()
     money = f", ${usd:,.2f}" if usd is not None else ""
     where = f"confirm {trial.config.label()}" if trial.role == "confirm" else trial.config.label()
     print(
-        f"{_bar(searched, total)} trial {searched}/{total} {where}: {what}{best_text} "
+        f"{_bar(searched, total)} trial {searched}/{total} #{trial.index} {where}: {what}{best_text} "
         f"| {session.spent_s / 60:.1f} min{money}",
         flush=True,
     )

@@ -619,9 +619,15 @@ def _draw(
         xs = [p[1] for p in points]
         ys = [p[4] for p in points]
         xerr = [[max(0.0, p[1] - p[2]) for p in points], [max(0.0, p[3] - p[1]) for p in points]]
-        values = [*ys, *(p[2] for p in points), *(p[3] for p in points), *(f[1] for f in failed)]
+        values = [*ys, *xs, *(f[1] for f in failed)]
         if base is not None:
             values.append(base)
+        # The axes span the points, and the intervals only as far as half as much again: one wide interval
+        # (a first trial predicted from the baseline alone) would squeeze every point into a corner; the
+        # error bars that reach further run off the axes.
+        core_low, core_high = min(values), max(values)
+        ends = [e for p in points for e in (p[2], p[3])]
+        values += [e for e in ends if core_low - 0.5 * (core_high - core_low) <= e <= core_high * 1.5]
         low, high = min(values), max(values)
         pad = (high - low) * 0.08 or abs(high) * 0.1 or 1.0
         low, high = low - pad, high + pad
