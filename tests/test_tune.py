@@ -374,3 +374,45 @@ def test_the_winner_is_the_simplest_of_the_configurations_measured_as_good_as_th
     assert search.winner(trials) is trials[1]
     trials[2].samples_per_s = 1100.0  # 10% apart: a difference worth its changes
     assert search.winner(trials) is trials[2]
+
+
+def test_a_trial_left_unfinished_by_a_killed_session_is_kept_aside_not_read(tmp_path: Path) -> None:
+    from tuneup.tune.script import Script
+    from tuneup.tune.session import Session, TuneOptions
+
+    stale = tmp_path / "trials" / "00-baseline"
+    stale.mkdir(parents=True)
+    (stale / "failed-rank1.json").write_text(
+        json.dumps({"rank": 1, "type": "RuntimeError", "message": "old"})
+    )
+    state = TuneState(command=[sys.executable, "-c", "pass"], script_kind="callback", objective="throughput")
+    session = Session(
+        tmp_path,
+        state,
+        Script((sys.executable, "-c", "pass"), "callback"),
+        TuneOptions(Objective("throughput")),
+    )
+    trial = session.run_trial(None, "baseline")
+    assert trial.status == FAILED and "no run was recorded" in (trial.reason or "")  # not the old failure
+    kept = [p.name for p in (tmp_path / "trials").iterdir() if ".unfinished-" in p.name]
+    assert len(kept) == 1 and (tmp_path / "trials" / kept[0] / "failed-rank1.json").is_file()
+    assert load_state(tmp_path).trials[0].status == FAILED  # saved as it ended
+
+
+def test_confirmation_runs_are_held_to_the_minutes_budget(tmp_path: Path) -> None:
+    from tuneup.tune.script import Script
+    from tuneup.tune.session import Budget, Session, TuneOptions
+
+    base = Config(16, 1, 0, "allreduce", "32-true")
+    state = TuneState(command=["x"], script_kind="callback", objective="throughput", space=SPACE)
+    state.trials = [_trial(base, 0, "baseline"), _trial(Config(64, 2, 0, "allreduce", "32-true"), 1)]
+    for t in state.trials:
+        t.wall_s = 60.0
+    options = TuneOptions(Objective("throughput"), budget=Budget(max_minutes=2.5))
+    session = Session(tmp_path, state, Script(("x",), "callback"), options)
+    ran: list[Config] = []
+    session.run_trial = lambda config, role, predicted=None: ran.append(config)  # type: ignore[assignment, method-assign, misc, return-value]
+    result = session.confirm(session.search(), None)
+    assert ran == []  # 2 minutes spent and a 1-minute run would pass 2.5
+    assert "2.5 minutes" in result["confirmation_cut"]
+    assert result["kept_current"] is True and result["verdict"] == "INCONCLUSIVE"

@@ -446,6 +446,9 @@ def _result_blocks(state: TuneState, objective: Objective) -> list[Block]:
         ("Trials run", _trial_counts(state)),
         ("Search stopped", state.stopped_because or fmt.MISSING),
     ]
+    cut = (state.result or {}).get("confirmation_cut")
+    if cut:
+        pairs.append(("Confirmation", cut))
     if baseline is not None:
         pairs.insert(1, ("Your settings (baseline)", f"{baseline.config.label()} (trial #{baseline.index})"))
     if state.space is not None:
@@ -843,6 +846,9 @@ def format_tune_text(state: TuneState) -> str:
     lines = [f"tuneup tune: {objective.describe()}, {_trial_counts(state)}"]
     if state.stopped_because:
         lines.append(f"search stopped: {_plain(state.stopped_because)}")
+    cut = (state.result or {}).get("confirmation_cut")
+    if cut:
+        lines.append(_plain(cut))
     for knob, why in state.dropped.items():
         lines.append(f"dropped {KNOB_NAMES.get(knob, knob)}: {_plain(why)}")
     if state.trials:

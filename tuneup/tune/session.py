@@ -144,15 +144,12 @@ class Session:
         state: TuneState,
         script: Script,
         options: TuneOptions,
-        echo: Callable[[str], None] = print,
     ) -> None:
         self.tune_dir = tune_dir
         self.state = state
         self.script = script
         self.options = options
-        self.echo = echo
         self.session_id = uuid.uuid4().hex[:12]
-        self.started = time.monotonic()
         self.spent_s = sum(t.wall_s for t in state.trials)  # a resumed session's earlier trials count
 
     # -- bookkeeping ---------------------------------------------------------------------------------
@@ -173,11 +170,17 @@ class Session:
         return self.spent_s / 3600.0 * price if price else None
 
     def _budget_left(self) -> str | None:
-        """Why no further trial may start, or None."""
+        """Why no further search trial may start, or None."""
         budget = self.options.budget
         searched = [t for t in self.trials if t.role != "confirm"]
         if len(searched) >= budget.max_trials:
             return f"the budget of {budget.max_trials} trials is spent"
+        return self._time_or_money_left()
+
+    def _time_or_money_left(self) -> str | None:
+        """Why another trial (of the mean length so far) would pass --max-minutes or --max-dollars, or None;
+        confirmation runs are held to these too."""
+        budget = self.options.budget
         walls = [t.wall_s for t in self.trials if t.wall_s > 0]
         next_s = sum(walls) / len(walls) if walls else 0.0
         if budget.max_minutes is not None and (self.spent_s + next_s) / 60.0 > budget.max_minutes:
@@ -203,6 +206,10 @@ class Session:
             else f"{index:02d}-confirm-{label}"
         )
         status_dir = self.tune_dir / TRIALS_DIR / name
+        if status_dir.exists():
+            # A trial a killed session left unfinished (tune.json never counted it): its heartbeats and
+            # failure files would be read as this trial's. Kept aside, not deleted.
+            status_dir.rename(status_dir.with_name(f"{name}.unfinished-{time.strftime('%Y%m%d-%H%M%S')}"))
         run_dir = status_dir / "run"
         if config is None or baseline is None:
             argv, settings = list(self.script.argv), {}
@@ -366,12 +373,19 @@ class Session:
                 reason="no configuration measured better than your current settings",
             )
             return result
+        short_of_budget = None
         for i in range(self.options.confirm_runs):
             order = (baseline.config, best.config) if i % 2 else (best.config, baseline.config)
             for config in order:
+                short_of_budget = self._time_or_money_left()
+                if short_of_budget is not None:
+                    break
                 trial = self.run_trial(config, "confirm")
                 if progress:
                     progress(self, trial)
+            if short_of_budget is not None:
+                result["confirmation_cut"] = f"confirmation runs stopped: {short_of_budget}"
+                break
 
         def rates(config: Config, first: Trial) -> list[float]:
             runs = [first] + [
