@@ -55,6 +55,14 @@ def tune(
     return proc
 
 
+def _ddp_bucket_cap(run_dir: Path) -> int | None:
+    from tuneup.record import load_run
+
+    run = load_run(run_dir)
+    events = [e for e in run.ranks[0].events if e.get("kind") == "ddp_logging"]
+    return events[-1].get("bucket_cap_bytes") if events else None
+
+
 def state(out: Path) -> dict[str, Any]:
     return json.loads((out / "tune.json").read_text())
 
@@ -75,9 +83,9 @@ def test_plain_script_under_2_rank_ddp_is_tuned_and_confirmed(tmp_path: Path) ->
         out,
         *QUICK,
         "--batch-size", "16,64", "--accumulate", "1", "--workers", "0", "--comm-hook", "allreduce",
-        "--max-trials", "2", "--confirm-runs", "1",
+        "--bucket-cap-mb", "1", "--max-trials", "2", "--confirm-runs", "1",
         "--", sys.executable, str(PLAIN), "--namespace", "pytorch_lightning", "--devices", "2",
-        "--item-cost-us", "0", "--hidden", "512",
+        "--item-cost-us", "0", "--hidden", "1024",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = state(out)
@@ -90,9 +98,11 @@ def test_plain_script_under_2_rank_ddp_is_tuned_and_confirmed(tmp_path: Path) ->
     assert searched["predicted"] is not None
     # Every trial is a run record, with the settings it was given.
     manifest = json.loads((out / searched["run_dir"] / "manifest.json").read_text())
-    assert manifest["dataloader"]["batch_size"] == 64 and manifest["tune_trial"]["applied"] == {
-        "batch_size": 64
-    }
+    assert manifest["dataloader"]["batch_size"] == 64
+    assert manifest["tune_trial"]["applied"] == {"batch_size": 64, "bucket_cap_mb": 1}
+    # DDP itself says what it was given (its logging data, in the record's ddp_logging event).
+    assert _ddp_bucket_cap(out / baseline["run_dir"]) == 25 * 2**20
+    assert _ddp_bucket_cap(out / searched["run_dir"]) == 1 * 2**20
     assert manifest["trainer"]["namespace"] == "pytorch_lightning"
     result = s["result"]
     # The winner is never a setting the compare rule cannot tell from the current one.

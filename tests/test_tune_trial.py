@@ -104,7 +104,7 @@ def test_what_cannot_be_applied_is_said_and_workers_go_on_the_loader(
         LData(),
         tmp_path,
         monkeypatch,
-        {"batch_size": 8, "num_workers": 1, "precision": "bf16-mixed"},
+        {"batch_size": 8, "num_workers": 1, "precision": "bf16-mixed", "bucket_cap_mb": 50},
         StopRule(max_steps=6, warmup_steps=1, min_steps=2),
     )
     applied = json.loads((status / "applied.json").read_text())
@@ -113,6 +113,7 @@ def test_what_cannot_be_applied_is_said_and_workers_go_on_the_loader(
         and "`batch_size` attribute" in applied["not_applied"]["batch_size"]
     )
     assert "precision" in applied["not_applied"]
+    assert "DistributedDataParallel" in applied["not_applied"]["bucket_cap_mb"]  # one process: no DDP
     assert applied["applied"] == {"num_workers": 1}
     assert trainer.train_dataloader.num_workers == 1 and trainer.train_dataloader.prefetch_factor == 2
 

@@ -755,6 +755,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             "avg_backward_comm_time",
             "avg_backward_compute_comm_overlap_time",
             "bucket_sizes",
+            "bucket_cap_bytes",
+            "gradient_as_bucket_view",
             "comm_hook",
             "backend_name",
         )

@@ -9,6 +9,8 @@ model and before any dataloader is built) unless said otherwise:
   GradientAccumulationScheduler sets it).
 - comm_hook: on CUDA, the DDP strategy's `_ddp_comm_hook`, which Lightning registers when it wraps the
   model; off CUDA (where Lightning drops it) registered by the callback at on_train_start.
+- bucket_cap_mb: the DDP strategy's keyword arguments for DistributedDataParallel, read when it wraps the
+  model (after the callbacks' setup).
 - num_workers: a `num_workers` attribute where the module or datamodule has one; else the training
   DataLoader's own attribute at on_train_start, before its first iterator is made.
 - precision is not applied here: the Trainer builds its precision plugin when it is constructed. Tune it
@@ -90,6 +92,7 @@ class TrialControl:
             "accumulate_grad_batches": lambda v: self._set_accumulation(trainer, pl_module, int(v)),
             "comm_hook": lambda v: self._apply_comm_hook(trainer, str(v), on_cuda),
             "num_workers": lambda v: self._set_workers(trainer, pl_module, int(v)),
+            "bucket_cap_mb": lambda v: self._set_bucket_cap(trainer, int(v)),
             "precision": lambda v: self.not_applied.__setitem__(
                 "precision",
                 "the Trainer fixes its precision when it is constructed: tune precision with a LightningCLI "
@@ -142,6 +145,17 @@ class TrialControl:
     def _set_workers(self, trainer: Any, pl_module: Any, value: int) -> None:
         if not self._set_attribute(trainer, pl_module, "num_workers", value):
             self._workers_on_loader = value  # on the DataLoader itself, once it exists
+
+    def _set_bucket_cap(self, trainer: Any, value: int) -> None:
+        strategy = trainer.strategy
+        kwargs = getattr(strategy, "_ddp_kwargs", None)
+        if int(trainer.world_size) <= 1 or not isinstance(kwargs, dict):
+            self.not_applied["bucket_cap_mb"] = (
+                f"{type(strategy).__name__} on {trainer.world_size} process(es) wraps no DistributedDataParallel"
+            )
+            return
+        kwargs["bucket_cap_mb"] = value  # DDP reads it when the strategy wraps the model, after this hook
+        self.applied["bucket_cap_mb"] = value
 
     def _apply_comm_hook(self, trainer: Any, name: str, on_cuda: bool) -> None:
         strategy = trainer.strategy

@@ -66,6 +66,12 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
         "--comm-hook", type=_list(str), metavar="H,...", help=f"DDP comm hooks: {', '.join(COMM_HOOKS)}"
     )
     knobs.add_argument(
+        "--bucket-cap-mb",
+        type=_list(int),
+        metavar="MB,...",
+        help="DDP gradient bucket sizes (DDP's default: 25)",
+    )
+    knobs.add_argument(
         "--precision", type=_list(str), metavar="P,...", help="Lightning precisions (LightningCLI scripts)"
     )
     knobs.add_argument(
@@ -244,6 +250,7 @@ def _requested(args: argparse.Namespace) -> dict[str, list[Any]]:
         "accumulate_grad_batches": args.accumulate,
         "num_workers": args.workers,
         "comm_hook": args.comm_hook,
+        "bucket_cap_mb": args.bucket_cap_mb,
         "precision": args.precision,
     }
     assert set(asked) == set(KNOBS)

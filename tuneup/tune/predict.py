@@ -26,7 +26,7 @@ from tuneup.advise.step_model import ModelError, StepTimeModel, fit_step_model
 from tuneup.tune.space import Config
 from tuneup.tune.state import Trial
 
-RESIDUAL_KNOBS = ("num_workers", "comm_hook", "precision")
+RESIDUAL_KNOBS = ("num_workers", "comm_hook", "bucket_cap_mb", "precision")
 RIDGE = 0.5  # pseudo-trials at effect 0: one trial at a level moves it two thirds of the way
 DEFAULT_SPREAD = 0.05  # log residual spread before three trials have measured it
 BACKFIT_ROUNDS = 25
@@ -97,6 +97,10 @@ class TrialModel:
             if level in ("fp16", "bf16"):
                 return 1.0 - 0.5 * min(comm_share, 0.95), 1.1
             return 1.0 - min(comm_share, 0.95) * 0.5, 1.0 / (1.0 - 0.5 * min(comm_share, 0.9))
+        if knob == "bucket_cap_mb":
+            # Fewer, larger buckets pay less latency but start later behind backward: up to half the exposed
+            # communication either way.
+            return 1.0 - 0.5 * min(comm_share, 0.95), 1.0 + 0.5 * min(comm_share, 0.95)
         # precision: 16-bit is several times faster on tensor cores, and >2x slower on CPUs without bf16
         # units (pytorch #86270).
         return (0.25, 1.3) if self.on_gpu else (0.8, 3.0)

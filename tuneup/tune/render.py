@@ -62,6 +62,7 @@ KNOB_NAMES = {
     "accumulate_grad_batches": "gradient accumulation",
     "num_workers": "dataloader workers",
     "comm_hook": "DDP comm hook",
+    "bucket_cap_mb": "DDP bucket size (MB)",
     "precision": "precision",
 }
 # `tuneup tune --comm-hook` names -> the torch hook, as an expression under `default_hooks`.
@@ -245,12 +246,9 @@ def settings_code(changes: Mapping[str, Any], namespace: str | None = None) -> t
     trainer_yaml = trainer_args(namespace, trainer)[1].splitlines()[1:] if trainer else []
     hook = changes.get("comm_hook")
     notes: list[str] = []
+    ddp_kwargs: dict[str, str] = {}
     if hook in HOOK_EXPRESSIONS:
-        expression = HOOK_EXPRESSIONS[hook]
-        python, yaml = ddp_strategy(namespace, {"ddp_comm_hook": expression})
-        imports += _split_code(python)[0]
-        trainer_yaml += yaml.splitlines()[1:]
-        trainer["strategy"] = _Expression(f"DDPStrategy(ddp_comm_hook={expression})")
+        ddp_kwargs["ddp_comm_hook"] = HOOK_EXPRESSIONS[hook]
         if hook == "bf16":  # gloo cannot all-reduce bf16: there is no CPU way to offer
             notes = [
                 "# Lightning applies ddp_comm_hook only on CUDA devices; the bf16 hook needs NCCL (GPUs)."
@@ -259,8 +257,16 @@ def settings_code(changes: Mapping[str, Any], namespace: str | None = None) -> t
             notes = [
                 "# Lightning applies ddp_comm_hook only on CUDA devices. On CPU (gloo), register the hook",
                 "# yourself, in a callback's on_fit_start(self, trainer, pl_module):",
-                f"#     trainer.strategy.model.register_comm_hook(None, {expression})",
+                f"#     trainer.strategy.model.register_comm_hook(None, {HOOK_EXPRESSIONS[hook]})",
             ]
+    if "bucket_cap_mb" in changes:
+        ddp_kwargs["bucket_cap_mb"] = str(changes["bucket_cap_mb"])
+    if ddp_kwargs:
+        python, yaml = ddp_strategy(namespace, ddp_kwargs)
+        imports += _split_code(python)[0]
+        trainer_yaml += yaml.splitlines()[1:]
+        shown = ", ".join(f"{k}={v}" for k, v in ddp_kwargs.items())
+        trainer["strategy"] = _Expression(f"DDPStrategy({shown})")
     elif hook is not None:  # "allreduce": DDP's own gradient all-reduce, without a hook
         trainer["strategy"] = "ddp"
         trainer_yaml += trainer_args(namespace, {"strategy": "ddp"})[1].splitlines()[1:]

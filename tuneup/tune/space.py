@@ -33,6 +33,7 @@ class Config:
     num_workers: int | None = None
     comm_hook: str | None = None
     precision: str | None = None
+    bucket_cap_mb: int | None = None  # DDP's gradient bucket size (its default is 25)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -60,6 +61,8 @@ class Config:
             parts.append(self.comm_hook)
         if self.precision is not None:
             parts.append(self.precision)
+        if self.bucket_cap_mb is not None:
+            parts.append(f"bucket{self.bucket_cap_mb}MB")
         return " ".join(parts) or "as scripted"
 
     def over(self, base: Config) -> Config:
@@ -106,6 +109,7 @@ class SearchSpace:
     num_workers: tuple[int, ...] = ()
     comm_hook: tuple[str, ...] = ()
     precision: tuple[str, ...] = ()
+    bucket_cap_mb: tuple[int, ...] = ()
     keep_global_batch: bool = False
 
     def __post_init__(self) -> None:
@@ -114,6 +118,7 @@ class SearchSpace:
             self, "accumulate_grad_batches", _positive_ints("accumulate", self.accumulate_grad_batches)
         )
         object.__setattr__(self, "num_workers", _positive_ints("workers", self.num_workers, minimum=0))
+        object.__setattr__(self, "bucket_cap_mb", _positive_ints("bucket-cap-mb", self.bucket_cap_mb))
         for hook in self.comm_hook:
             if hook not in COMM_HOOKS:
                 raise SpaceError(f"--comm-hook {hook!r} is not one of {', '.join(COMM_HOOKS)}")
