@@ -23,6 +23,12 @@ from tuneup.tune.search import Search, excluded
 from tuneup.tune.space import Config, SearchSpace, SpaceError
 from tuneup.tune.state import FAILED, INFEASIBLE, OK, Trial, TuneState, load_state, save_state
 
+
+def knobs(b: int, a: int, w: int, hook: str, precision: str = "32-true") -> Config:
+    """A configuration by its knobs' values (Config itself takes keywords only)."""
+    return Config(batch_size=b, accumulate_grad_batches=a, num_workers=w, comm_hook=hook, precision=precision)
+
+
 GRIDS = Path(__file__).parent / "data" / "tune_grids"
 ORACLE = Path(__file__).parents[1] / "benchmarks" / "tune_oracle.py"
 
@@ -62,7 +68,7 @@ def test_trial_spec_round_trips_and_bad_specs_name_the_problem() -> None:
 
 
 def test_space_enumerates_combinations_and_keeps_the_global_batch_when_asked() -> None:
-    base = Config(16, 1, 0, "allreduce", "32-true")
+    base = knobs(16, 1, 0, "allreduce")
     space = SearchSpace(batch_size=(16, 32), accumulate_grad_batches=(1, 2), num_workers=(0, 1))
     assert len(space.configs(base)) == 8
     assert space.tuned() == ("batch_size", "accumulate_grad_batches", "num_workers")
@@ -143,7 +149,7 @@ SPACE = SearchSpace(
 
 
 def test_search_finds_the_synthetic_best_in_a_third_of_the_trials() -> None:
-    base = Config(16, 1, 0, "allreduce", "32-true")
+    base = knobs(16, 1, 0, "allreduce")
     configs = SPACE.configs(base)
     best = max(configs, key=lambda c: _trial(c, 0).samples_per_s or 0)
     search = Search(SPACE, base, Objective("throughput"), world_size=2)
@@ -163,31 +169,29 @@ def test_search_finds_the_synthetic_best_in_a_third_of_the_trials() -> None:
 def test_search_predictions_improve_as_trials_arrive() -> None:
     """After the baseline and a trial at another batch, accumulation and workers, the model predicts an
     unseen configuration of those levels within 10%."""
-    base = Config(16, 1, 0, "allreduce", "32-true")
-    trials = [_trial(base, 0, "baseline"), _trial(Config(64, 2, 1, "allreduce", "32-true"), 1)]
+    base = knobs(16, 1, 0, "allreduce")
+    trials = [_trial(base, 0, "baseline"), _trial(knobs(64, 2, 1, "allreduce"), 1)]
     search = Search(SPACE, base, Objective("throughput"), world_size=2)
-    target = Config(32, 2, 1, "allreduce", "32-true")
+    target = knobs(32, 2, 1, "allreduce")
     predicted = search.model(trials).predict(target)
     assert predicted.value == pytest.approx(_truth(target)["step"], rel=0.10)
     assert predicted.low <= _truth(target)["step"] <= predicted.high
 
 
 def test_out_of_memory_rules_out_larger_batches_and_dropped_knobs_their_values() -> None:
-    base = Config(16, 1, 0, "allreduce", "32-true")
-    oom = Trial(
-        index=1, name="01", config=Config(64, 1, 0, "allreduce", "32-true"), role="search", status=INFEASIBLE
-    )
-    assert excluded(Config(64, 2, 1, "allreduce", "32-true"), [oom], base, ()) is not None
-    assert excluded(Config(32, 2, 1, "allreduce", "32-true"), [oom], base, ()) is None
-    assert excluded(Config(32, 1, 1, "allreduce", "32-true"), [], base, ("num_workers",)) is not None
-    assert excluded(Config(32, 1, 0, "allreduce", "32-true"), [], base, ("num_workers",)) is None
+    base = knobs(16, 1, 0, "allreduce")
+    oom = Trial(index=1, name="01", config=knobs(64, 1, 0, "allreduce"), role="search", status=INFEASIBLE)
+    assert excluded(knobs(64, 2, 1, "allreduce"), [oom], base, ()) is not None
+    assert excluded(knobs(32, 2, 1, "allreduce"), [oom], base, ()) is None
+    assert excluded(knobs(32, 1, 1, "allreduce"), [], base, ("num_workers",)) is not None
+    assert excluded(knobs(32, 1, 0, "allreduce"), [], base, ("num_workers",)) is None
 
 
 def test_search_stops_when_nothing_left_could_gain_enough() -> None:
-    base = Config(16, 1, 0, "allreduce", "32-true")
+    base = knobs(16, 1, 0, "allreduce")
     tiny = SearchSpace(batch_size=(16,), num_workers=(0, 1))
     search = Search(tiny, base, Objective("throughput"), world_size=2)
-    trials = [_trial(base, 0, "baseline"), _trial(Config(16, 1, 1, "allreduce", "32-true"), 1)]
+    trials = [_trial(base, 0, "baseline"), _trial(knobs(16, 1, 1, "allreduce"), 1)]
     decision = search.decide(trials)
     assert decision.candidate is None and "tried or ruled out" in decision.reason
 
@@ -233,8 +237,8 @@ def test_lightningcli_overrides_come_from_the_resolved_config(tmp_path: Path) ->
     assert script.overrides["batch_size"] == "data.init_args.batch_size"
     assert "num_workers" not in script.overrides  # the datamodule takes none: the callback applies it
     assert script.add_callback
-    base = Config(16, 1, 0, "allreduce", "32-true")
-    argv, settings = script.trial_argv(Config(32, 2, 1, "allreduce", "32-true"), base)
+    base = knobs(16, 1, 0, "allreduce")
+    argv, settings = script.trial_argv(knobs(32, 2, 1, "allreduce"), base)
     assert argv[3:] == [
         "--trainer.callbacks+=tuneup.TuneupCallback",
         "--data.init_args.batch_size=32",
@@ -262,9 +266,9 @@ def test_script_kind_is_read_from_the_source(tmp_path: Path) -> None:
 
 def test_state_round_trips_through_tune_json(tmp_path: Path) -> None:
     state = TuneState(command=["python", "x.py"], script_kind="callback", objective="throughput", space=SPACE)
-    state.trials.append(_trial(Config(16, 1, 0, "allreduce", "32-true"), 0, "baseline"))
+    state.trials.append(_trial(knobs(16, 1, 0, "allreduce"), 0, "baseline"))
     state.trials.append(
-        Trial(index=1, name="01", config=Config(64), role="search", status=FAILED, reason="hang")
+        Trial(index=1, name="01", config=Config(batch_size=64), role="search", status=FAILED, reason="hang")
     )
     save_state(tmp_path, state)
     again = load_state(tmp_path)
@@ -364,9 +368,9 @@ def test_tune_refuses_bad_options_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_the_winner_is_the_simplest_of_the_configurations_measured_as_good_as_the_best() -> None:
-    base = Config(16, 1, 0, "allreduce", "32-true")
+    base = knobs(16, 1, 0, "allreduce")
     search = Search(SPACE, base, Objective("throughput"), world_size=2)
-    simple, busy = Config(64, 1, 0, "allreduce", "32-true"), Config(64, 2, 1, "fp16", "32-true")
+    simple, busy = knobs(64, 1, 0, "allreduce"), knobs(64, 2, 1, "fp16")
     trials = [_trial(base, 0, "baseline"), _trial(simple, 1), _trial(busy, 2)]
     trials[0].samples_per_s = 500.0
     trials[1].samples_per_s, trials[2].samples_per_s = 1000.0, 1020.0  # 2% apart: within the tie
@@ -403,9 +407,9 @@ def test_confirmation_runs_are_held_to_the_minutes_budget(tmp_path: Path) -> Non
     from tuneup.tune.script import Script
     from tuneup.tune.session import Budget, Session, TuneOptions
 
-    base = Config(16, 1, 0, "allreduce", "32-true")
+    base = knobs(16, 1, 0, "allreduce")
     state = TuneState(command=["x"], script_kind="callback", objective="throughput", space=SPACE)
-    state.trials = [_trial(base, 0, "baseline"), _trial(Config(64, 2, 0, "allreduce", "32-true"), 1)]
+    state.trials = [_trial(base, 0, "baseline"), _trial(knobs(64, 2, 0, "allreduce"), 1)]
     for t in state.trials:
         t.wall_s = 60.0
     options = TuneOptions(Objective("throughput"), budget=Budget(max_minutes=2.5))

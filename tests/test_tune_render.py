@@ -39,6 +39,12 @@ from tuneup.tune.state import (
     save_state,
 )
 
+
+def knobs(b: int, a: int, w: int, hook: str, precision: str = "32-true") -> Config:
+    """A configuration by its knobs' values (Config itself takes keywords only)."""
+    return Config(batch_size=b, accumulate_grad_batches=a, num_workers=w, comm_hook=hook, precision=precision)
+
+
 EVIL = "<script>alert('owned')</script>"
 BASE = Config(
     batch_size=32, accumulate_grad_batches=1, num_workers=0, comm_hook="allreduce", precision="32-true"
@@ -93,11 +99,11 @@ def _trial(
 def _state(kept_current: bool = False, objective: str = "throughput", **options: Any) -> TuneState:
     trials = [
         _trial(0, BASE, "baseline", 1000.0),
-        _trial(1, Config(64, 1, 0, "allreduce", "32-true"), "search", 1120.0, (1150.0, 1050.0, 1250.0)),
+        _trial(1, knobs(64, 1, 0, "allreduce"), "search", 1120.0, (1150.0, 1050.0, 1250.0)),
         _trial(2, WINNER, "search", 1260.0, (1300.0, 1150.0, 1450.0)),
         _trial(
             3,
-            Config(128, 1, 0, "allreduce", "32-true"),
+            knobs(128, 1, 0, "allreduce"),
             "search",
             None,
             (1400.0, 1200.0, 1600.0),
@@ -106,7 +112,7 @@ def _state(kept_current: bool = False, objective: str = "throughput", **options:
         ),
         _trial(
             4,
-            Config(32, 1, 4, "allreduce", "32-true"),
+            knobs(32, 1, 4, "allreduce"),
             "search",
             None,
             (1100.0, 1000.0, 1200.0),

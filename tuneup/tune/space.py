@@ -24,7 +24,7 @@ class SpaceError(ValueError):
     """A knob value or constraint that cannot be tuned: names the option and the fix (exit code 2)."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True, order=True, kw_only=True)
 class Config:
     """One trial's settings; None leaves a knob as the training script sets it."""
 
