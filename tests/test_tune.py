@@ -420,3 +420,16 @@ def test_confirmation_runs_are_held_to_the_minutes_budget(tmp_path: Path) -> Non
     assert ran == []  # 2 minutes spent and a 1-minute run would pass 2.5
     assert "2.5 minutes" in result["confirmation_cut"]
     assert result["kept_current"] is True and result["verdict"] == "INCONCLUSIVE"
+
+
+def test_a_trial_is_priced_before_its_objective_is_known() -> None:
+    """The per-dollar objective of a trial is computed from the price its own run recorded (a first run of
+    `--objective throughput-per-dollar` once failed for want of a price: only scored trials were read)."""
+    from tuneup.tune.search import economy_of, rate_of
+
+    base = knobs(16, 1, 0, "allreduce")
+    trial = _trial(base, 0, "baseline")
+    trial.objective, trial.usd_per_hour = None, 3.6
+    economy = economy_of([trial], 2, base)
+    assert economy.usd_per_hour == 3.6
+    assert rate_of(Objective("throughput-per-dollar"), economy, base, 1000.0) == pytest.approx(1e6)

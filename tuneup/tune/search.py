@@ -23,7 +23,7 @@ from tuneup.advise.model import Range
 from tuneup.tune.objective import Objective
 from tuneup.tune.predict import TrialModel, fit_trial_model
 from tuneup.tune.space import Config, SearchSpace
-from tuneup.tune.state import INFEASIBLE, Trial
+from tuneup.tune.state import INFEASIBLE, OK, Trial
 
 OPTIMISM = 0.5
 MIN_GAIN = 0.05
@@ -62,7 +62,8 @@ class Economy:
 
 
 def economy_of(trials: Sequence[Trial], world_size: int, baseline: Config) -> Economy:
-    measured = [t for t in trials if t.measured]
+    # Trials that ran (not `measured`, which needs the objective this economy is for).
+    measured = [t for t in trials if t.status == OK and t.samples_per_s]
     prices = [t.usd_per_hour for t in measured if t.usd_per_hour]
     noise = sorted(t.b_noise for t in measured if t.b_noise)
     tokens = [
