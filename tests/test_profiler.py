@@ -373,8 +373,10 @@ def test_reader_analysis_and_report_section(tmp_path: Path, profiled: Path) -> N
     assert phases["optimizer"].operators[0].calls_per_step == pytest.approx(PARAMETERS)
     assert phases["backward"].steady_ms_per_step == pytest.approx(4.0)  # tests/synthetic.py's backward_ms
     total_share = sum(p.share_of_step or 0.0 for p in profile.phases)
-    # Less the profiler's own cost between one phase's range and the next (see above).
-    assert total_share == pytest.approx(1.0, abs=0.12)
+    # Less the profiler's own cost between one phase's range and the next (see above): 0.95 on a quiet
+    # 2-core machine, 0.877 once in CI on a loaded one. Each phase's presence is checked above; this bound
+    # only says that the phases make up the step.
+    assert total_share == pytest.approx(1.0, abs=0.15)
 
     # report.json carries it and reads back; one written before the section existed reads back without.
     document = json.loads(json.dumps(to_json(analysis)))
