@@ -8,7 +8,7 @@ from typing import Any
 
 from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide
 from tuneup.compare.runs import METRICS, CompareInputError, Side, mismatches
-from tuneup.report.format import ms, size_bytes, usd, with_unit
+from tuneup.report.format import aligned_table, ms, size_bytes, usd, with_unit
 from tuneup.report.markdown import markdown_text
 
 EXIT_OK = 0
@@ -174,19 +174,9 @@ def _sides(c: Comparison) -> str:
 
 
 def format_table(c: Comparison) -> str:
-    rows = [HEADER, *_rows(c)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-    lines = [_sides(c), ""]
-    for n, row in enumerate(rows):
-        lines.append(
-            "  "
-            + "  ".join(
-                cell.ljust(w) if i < 2 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-        if n == 0:
-            lines.append("  " + "  ".join("-" * w for w in widths))
+    # The metric and its verdict read left to right; the figures line up on the right.
+    figures = range(2, len(HEADER))
+    lines = [_sides(c), "", *aligned_table(HEADER, _rows(c), figures, indent="  ")]
     lines.append("")
     lines.extend(f"  {r.metric}: {r.reason}" for r in c.results)
     lines.extend(f"  {metric}: not compared, {why}" for metric, why in c.skipped.items())

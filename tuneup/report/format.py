@@ -5,7 +5,7 @@ format, carries its unit, and a missing one is always `MISSING`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timezone
 from typing import TypeGuard
 
@@ -266,3 +266,21 @@ def sentence(value: object) -> str:
         return out
     out = out[:1].upper() + out[1:]
     return out if out.endswith((".", "!", "?")) else out + "."
+
+
+def aligned_table(
+    header: Sequence[str], rows: Iterable[Sequence[str]], right: Collection[int], indent: str = ""
+) -> list[str]:
+    """A plain-text table for the terminal: the header, a rule of dashes, then the rows; the columns in `right`
+    right-aligned (figures), the others left-aligned; every line starts with `indent`."""
+    rows = [[str(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = (
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        return (indent + "  ".join(cells)).rstrip()
+
+    return [line(header), indent + "  ".join("-" * w for w in widths), *(line(row) for row in rows)]

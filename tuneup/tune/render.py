@@ -829,16 +829,7 @@ def write_tune_report(
 
 
 def _aligned(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: frozenset[int]) -> list[str]:
-    rows = [[_plain(v) for v in row] for row in rows]
-    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-
-    def line(row: Sequence[str]) -> str:
-        cells = [
-            str(v).rjust(widths[i]) if i in numeric else str(v).ljust(widths[i]) for i, v in enumerate(row)
-        ]
-        return "  ".join(cells).rstrip()
-
-    return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+    return fmt.aligned_table(header, ([_plain(v) for v in row] for row in rows), numeric)
 
 
 def _indented(text: str, prefix: str = "    ") -> list[str]:
