@@ -17,7 +17,7 @@ from typing import Any
 
 from tuneup._version import __version__
 from tuneup.analyze.analysis import analyze_run
-from tuneup.analyze.model import ProcessTelemetry
+from tuneup.analyze.model import ProcessTelemetry, RunAnalysis
 from tuneup.record import RunRecordError, load_run
 from tuneup.record.schema import MANIFEST_FILE, Run
 
@@ -99,11 +99,11 @@ def fingerprint(run: Run) -> dict[str, Any]:
     }
 
 
-def summarize_run(run: Run) -> RunSummary:
+def summarize_run(run: Run, analysis: RunAnalysis | None = None) -> RunSummary:
     """The run's headline figures, as the report states them (one definition: tuneup.analyze.throughput):
     steady-state mean throughput, the mean steady step, peak memory, and USD per sample at the recorded
-    price."""
-    analysis = analyze_run(run)
+    price. `analysis`: the run's analysis where the caller has it already."""
+    analysis = analysis if analysis is not None else analyze_run(run)
     rates = analysis.throughput
     throughput, unit = rates.samples_per_s, "samples/s"
     if throughput is None and rates.steps_per_s is not None:

@@ -61,8 +61,9 @@ class TuneOptions:
     price_env: dict[str, str] = field(default_factory=dict)  # TUNEUP_INSTANCE... for every trial
 
 
-def measure(trial: Trial, run_dir: Path) -> None:
-    """Fill the trial's figures from its run record; a run that cannot carry them fails the trial."""
+def measure(trial: Trial, run_dir: Path) -> str | None:
+    """Fill the trial's figures from its run record (a run that cannot carry them fails the trial); returns
+    the Lightning namespace the run trained with."""
     from tuneup.advise.observe import AdviceInputError, observe
     from tuneup.analyze.analysis import analyze_run
     from tuneup.compare.runs import summarize_run
@@ -74,8 +75,8 @@ def measure(trial: Trial, run_dir: Path) -> None:
         observation = observe(analysis)
     except (RunRecordError, AdviceInputError, ValueError) as exc:
         trial.status, trial.reason = FAILED, f"its record cannot be measured: {exc}"
-        return
-    summary = summarize_run(run)
+        return None
+    summary = summarize_run(run, analysis)
     trial.observation = observation
     trial.step_ms = analysis.step_time.mean_ms
     trial.samples_per_s = analysis.throughput.samples_per_s
@@ -84,16 +85,7 @@ def measure(trial: Trial, run_dir: Path) -> None:
     trial.peak_memory_bytes = summary.peak_memory_bytes
     trial.usd_per_hour = analysis.cost.figures.usd_per_hour if analysis.cost is not None else None
     trial.b_noise = analysis.noise_scale.b_simple if analysis.noise_scale is not None else None
-
-
-def _namespace(run_dir: Path) -> str | None:
-    """The Lightning namespace the script trains with, for the winner's code."""
-    from tuneup.record import RunRecordError, load_run
-
-    try:
-        return load_run(run_dir).manifest.trainer.get("namespace")
-    except RunRecordError:
-        return None
+    return analysis.run.namespace
 
 
 def config_of_run(trial: Trial) -> Config:
@@ -254,12 +246,12 @@ class Session:
                 f"unset, so that {ENV_RUN_DIR} applies)? output: {finished.output_tail}"
             )
         else:
-            measure(trial, run_dir)
+            namespace = measure(trial, run_dir)
             if trial.status == OK:
                 self._check_settings(trial, config)
-        if config is None and trial.status == OK:
-            trial.config = config_of_run(trial)
-            self.state.options["namespace"] = _namespace(run_dir)
+            if config is None and trial.status == OK:
+                trial.config = config_of_run(trial)
+                self.state.options["namespace"] = namespace  # for the winner's code
         if trial.status == OK:
             economy = economy_of(
                 [*self.trials, trial], self._world_size(trial), self.baseline_config or trial.config
