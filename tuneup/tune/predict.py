@@ -63,9 +63,10 @@ class TrialModel:
             data_share, comm_share = 0.5, 0.5
         correction = self.offset
         low_factor, high_factor = 1.0, 1.0
+        unmeasured = self.unmeasured_knobs(config)
         for knob in RESIDUAL_KNOBS:
             level = getattr(config, knob)
-            if level == getattr(self.baseline, knob) or level in self.measured_levels.get(knob, ()):
+            if knob not in unmeasured:
                 correction += self.effects.get((knob, level), 0.0)
                 continue
             lo, hi = self._unmeasured(knob, level, data_share, comm_share)

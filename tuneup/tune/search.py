@@ -35,7 +35,6 @@ TIE = 0.025
 @dataclass(frozen=True, slots=True)
 class Candidate:
     config: Config
-    step_ms: Range
     rate: Range  # the objective's rate (higher is better), for the predicted step's interval
 
     @property
@@ -47,7 +46,6 @@ class Candidate:
 class Decision:
     candidate: Candidate | None  # None: stop
     reason: str  # why this one, or why stop
-    best: Trial | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +85,20 @@ def rate_of(objective: Objective, economy: Economy, config: Config, samples_per_
         b_reference=economy.b_reference,
         tokens_per_sample=economy.tokens_per_sample,
     )
+
+
+def rates_of(
+    objective: Objective, trials: Sequence[Trial], world_size: int, baseline: Config
+) -> list[tuple[Trial, float]]:
+    """Every trial that ran, with its objective's rate, all under the economy of the trials together."""
+    economy = economy_of(trials, world_size, baseline)
+    out = []
+    for t in trials:
+        if t.status == OK and t.samples_per_s:
+            rate = rate_of(objective, economy, t.config, t.samples_per_s)
+            if rate is not None:
+                out.append((t, rate))
+    return out
 
 
 def excluded(config: Config, trials: Sequence[Trial], baseline: Config, dropped: Sequence[str]) -> str | None:
@@ -148,51 +160,39 @@ class Search:
                 return value if value is not None else 0.0
 
             # A longer step is a lower rate: the interval's ends swap.
-            out.append(Candidate(config, step, Range(rate(step.value), rate(step.high), rate(step.low))))
+            out.append(Candidate(config, Range(rate(step.value), rate(step.high), rate(step.low))))
         return out
 
-    def measured_rate(self, trial: Trial, trials: Sequence[Trial]) -> float | None:
-        """The trial's rate with the session's economy (one price, one noise scale for every trial)."""
-        if trial.samples_per_s is None:
-            return None
-        economy = economy_of(trials, self.world_size, self.baseline)
-        return rate_of(self.objective, economy, trial.config, trial.samples_per_s)
+    def rates(self, trials: Sequence[Trial]) -> list[tuple[Trial, float]]:
+        """Every trial that ran, with its rate under one economy (one price, one noise scale for all)."""
+        return rates_of(self.objective, trials, self.world_size, self.baseline)
+
+    def _searched(self, trials: Sequence[Trial]) -> list[tuple[Trial, float]]:
+        """The search's trials with their rates (confirmation reruns are judged apart)."""
+        return [(t, r) for t, r in self.rates(trials) if t.role != "confirm"]
 
     def best(self, trials: Sequence[Trial]) -> Trial | None:
-        """The search's best measured trial (confirmation reruns are judged apart)."""
-        measured = [t for t in trials if t.measured and t.role != "confirm"]
-        return max(measured, key=lambda t: self.measured_rate(t, trials) or 0.0, default=None)
+        """The search's best measured trial."""
+        return max(self._searched(trials), key=lambda tr: tr[1], default=(None, 0.0))[0]
 
     def winner(self, trials: Sequence[Trial]) -> Trial | None:
         """The configuration to confirm: of those measured within TIE of the best, the one that changes the
         fewest knobs from the current settings (a knob that made no measurable difference stays as it is)."""
-        best = self.best(trials)
-        if best is None:
+        searched = self._searched(trials)
+        if not searched:
             return None
-        top = self.measured_rate(best, trials) or 0.0
-        close = [
-            t
-            for t in trials
-            if t.measured
-            and t.role != "confirm"
-            and (self.measured_rate(t, trials) or 0.0) >= top * (1 - TIE)
-        ]
-        return min(
-            close,
-            key=lambda t: (
-                len(t.config.changes_from(self.baseline)),
-                -(self.measured_rate(t, trials) or 0.0),
-            ),
-        )
+        top = max(r for _, r in searched)
+        close = [(t, r) for t, r in searched if r >= top * (1 - TIE)]
+        return min(close, key=lambda tr: (len(tr[0].config.changes_from(self.baseline)), -tr[1]))[0]
 
     def decide(self, trials: Sequence[Trial], dropped: Sequence[str] = ()) -> Decision:
+        searched = self._searched(trials)
+        if not searched:
+            return Decision(None, "no trial has measured anything yet")
+        best_rate = max(r for _, r in searched)
         candidates = self.candidates(trials, dropped)
-        best = self.best(trials)
-        if best is None:
-            return Decision(None, "no trial has measured anything yet", None)
-        best_rate = self.measured_rate(best, trials) or 0.0
         if not candidates:
-            return Decision(None, "every configuration of the space has been tried or ruled out", best)
+            return Decision(None, "every configuration of the space has been tried or ruled out")
         top = max(candidates, key=lambda c: (c.acquisition, c.rate.value))
         hopeful = max(c.rate.high for c in candidates)
         if best_rate > 0 and hopeful < best_rate * (1 + self.min_gain):
@@ -200,7 +200,6 @@ class Search:
                 None,
                 f"no untried configuration is predicted to beat the best measured by {self.min_gain:.0%} even at "
                 f"the optimistic end of its interval (at most {hopeful / best_rate - 1:+.1%})",
-                best,
             )
         gain = top.rate.change_from(best_rate) if best_rate > 0 else None
         why = (
@@ -208,4 +207,4 @@ class Search:
             if gain
             else "the best prediction"
         )
-        return Decision(top, why, best)
+        return Decision(top, why)

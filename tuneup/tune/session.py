@@ -23,7 +23,7 @@ from tuneup.tune.objective import Objective
 from tuneup.tune.protocol import ENV_SESSION, ENV_TRIAL, StopRule, TrialSpec
 from tuneup.tune.runner import Limits, run_supervised
 from tuneup.tune.script import Script
-from tuneup.tune.search import Decision, Search, economy_of, rate_of
+from tuneup.tune.search import Decision, Search, rates_of
 from tuneup.tune.space import Config, SearchSpace
 from tuneup.tune.state import (
     FAILED,
@@ -86,6 +86,10 @@ def measure(trial: Trial, run_dir: Path) -> str | None:
     trial.usd_per_hour = analysis.cost.figures.usd_per_hour if analysis.cost is not None else None
     trial.b_noise = analysis.noise_scale.b_simple if analysis.noise_scale is not None else None
     return analysis.run.namespace
+
+
+def _world_size(trial: Trial | None) -> int:
+    return trial.observation.world_size if trial is not None and trial.observation else 1
 
 
 def config_of_run(trial: Trial) -> Config:
@@ -252,22 +256,28 @@ class Session:
             if config is None and trial.status == OK:
                 trial.config = config_of_run(trial)
                 self.state.options["namespace"] = namespace  # for the winner's code
-        if trial.status == OK:
-            economy = economy_of(
-                [*self.trials, trial], self._world_size(trial), self.baseline_config or trial.config
-            )
-            trial.objective = rate_of(
-                self.options.objective, economy, trial.config, trial.samples_per_s or 0.0
-            )
-            if trial.objective is None:
-                trial.status = FAILED
-                trial.reason = "its objective could not be computed (a price or a token count is missing)"
         self.trials.append(trial)
+        self._score(trial)
         self._save()
         return trial
 
-    def _world_size(self, trial: Trial) -> int:
-        return trial.observation.world_size if trial.observation else 1
+    def _score(self, trial: Trial) -> None:
+        """Every trial's objective under the economy of all of them: a later trial can bring the price or a
+        better noise scale, and the stored figure is the one the search ranks by."""
+        baseline = self.state.baseline
+        world = _world_size(baseline if baseline is not None and baseline.observation else trial)
+        rates = {
+            id(t): r
+            for t, r in rates_of(
+                self.options.objective, self.trials, world, self.baseline_config or trial.config
+            )
+        }
+        for t in self.trials:
+            if t.status == OK:
+                t.objective = rates.get(id(t))
+        if trial.status == OK and trial.objective is None:
+            trial.status = FAILED
+            trial.reason = "its objective could not be computed (a price or a token count is missing)"
 
     def _check_settings(self, trial: Trial, config: Config | None) -> None:
         """A trial whose run had other settings than asked would mislead the search: it fails instead."""
@@ -291,8 +301,7 @@ class Session:
 
     @property
     def world_size(self) -> int:
-        b = self.state.baseline
-        return b.observation.world_size if b is not None and b.observation else 1
+        return _world_size(self.state.baseline)
 
     def search(self) -> Search:
         assert self.state.space is not None and self.baseline_config is not None
@@ -379,11 +388,11 @@ class Session:
                 result["confirmation_cut"] = f"confirmation runs stopped: {short_of_budget}"
                 break
 
+        rated = {id(t): r for t, r in search.rates(self.trials)}
+
         def rates(config: Config, first: Trial) -> list[float]:
-            runs = [first] + [
-                t for t in self.trials if t.role == "confirm" and t.config == config and t.measured
-            ]
-            return [r for r in (search.measured_rate(t, self.trials) for t in runs) if r]
+            runs = [first, *(t for t in self.trials if t.role == "confirm" and t.config == config)]
+            return [rated[id(t)] for t in runs if id(t) in rated]
 
         base_rates, best_rates = rates(baseline.config, baseline), rates(best.config, best)
         objective = self.options.objective
