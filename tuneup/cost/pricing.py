@@ -110,6 +110,22 @@ def check_choice(
     return choice
 
 
+def env_of_choice(choice: PriceChoice) -> dict[str, str]:
+    """The environment that makes `choice` (what `choice_from_env` reads back): how a process that starts
+    training later, such as a `tuneup tune` trial, is priced the same way."""
+    env: dict[str, str] = {}
+    if choice.instance is not None:
+        env[ENV_INSTANCE] = choice.instance
+        if choice.spot:
+            env[ENV_SPOT] = "1"
+    elif choice.price_per_hour is not None:
+        env[ENV_PRICE_PER_HOUR] = repr(float(choice.price_per_hour))
+        env[ENV_PRICE_PER] = choice.price_per
+    if choice.catalog is not None:
+        env[ENV_CATALOG] = choice.catalog
+    return env
+
+
 def choice_from_env(environ: Mapping[str, str] | None = None) -> PriceChoice | None:
     """The choice the environment makes (`TUNEUP_INSTANCE` or `TUNEUP_PRICE_PER_HOUR`), or None."""
     env = os.environ if environ is None else environ

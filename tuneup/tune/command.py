@@ -162,40 +162,37 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
     tune.set_defaults(func=lambda args: _cmd_tune(args, usage_error))
 
 
-def _price_env(args: argparse.Namespace) -> dict[str, str]:
-    env: dict[str, str] = {}
+def _price_choice(args: argparse.Namespace, usage_error: type[Exception]) -> Any:
+    """The price given on the command line, checked (a PriceChoice), or None."""
+    from tuneup.cost.pricing import PriceChoice, PricingError, check_choice
+
     if args.instance:
-        env["TUNEUP_INSTANCE"] = args.instance
-        if args.spot:
-            env["TUNEUP_SPOT"] = "1"
+        choice, where = (
+            PriceChoice(instance=args.instance, spot=args.spot, source="command line"),
+            "--instance",
+        )
     elif args.price_per_hour is not None:
-        env["TUNEUP_PRICE_PER_HOUR"] = str(args.price_per_hour)
-        env["TUNEUP_PRICE_PER"] = "node"
-    return env
+        choice, where = (
+            PriceChoice(price_per_hour=args.price_per_hour, source="command line"),
+            "--price-per-hour",
+        )
+    else:
+        return None
+    try:
+        return check_choice(choice, where=where)
+    except PricingError as exc:
+        raise usage_error(str(exc)) from None
 
 
 def _options(args: argparse.Namespace, usage_error: type[Exception]) -> Any:
+    from tuneup.cost.pricing import env_of_choice
     from tuneup.tune.objective import Objective, ObjectiveError
     from tuneup.tune.protocol import StopRule, TrialSpecError
     from tuneup.tune.runner import Limits
     from tuneup.tune.session import Budget, TuneOptions
 
-    priced = bool(args.instance or args.price_per_hour is not None)
-    name = args.objective or ("throughput-per-dollar" if priced else "throughput")
-    if ("dollar" in name or name == "cost" or args.max_dollars is not None) and not priced:
-        raise usage_error(
-            f"{'--max-dollars' if args.max_dollars is not None else '--objective ' + name} needs a price: "
-            "add --instance KEY (tuneup catalog lists them) or --price-per-hour USD"
-        )
-    if args.instance:
-        from tuneup.cost.pricing import PriceChoice, PricingError, check_choice
-
-        try:
-            check_choice(
-                PriceChoice(instance=args.instance, spot=args.spot, source="command line"), where="--instance"
-            )
-        except PricingError as exc:
-            raise usage_error(str(exc)) from None
+    price = _price_choice(args, usage_error)
+    name = args.objective or ("throughput-per-dollar" if price is not None else "throughput")
     for flag, value, low in (
         ("--max-trials", args.max_trials, 1),
         ("--confirm-runs", args.confirm_runs, 0),
@@ -228,6 +225,11 @@ def _options(args: argparse.Namespace, usage_error: type[Exception]) -> Any:
         )
     except (ObjectiveError, TrialSpecError) as exc:
         raise usage_error(str(exc)) from None
+    if (objective.per_dollar or args.max_dollars is not None) and price is None:
+        raise usage_error(
+            f"{'--max-dollars' if args.max_dollars is not None else '--objective ' + name} needs a price: "
+            "add --instance KEY (tuneup catalog lists them) or --price-per-hour USD"
+        )
     if stop.min_steps + stop.warmup_steps > stop.max_steps:
         raise usage_error(
             f"--trial-steps {stop.max_steps} leaves no room for --warmup-steps {stop.warmup_steps} and "
@@ -240,7 +242,7 @@ def _options(args: argparse.Namespace, usage_error: type[Exception]) -> Any:
         limits=Limits(startup_s=args.startup_timeout, stall_s=args.stall_timeout, trial_s=args.trial_timeout),
         min_gain=args.min_gain,
         confirm_runs=args.confirm_runs,
-        price_env=_price_env(args),
+        price_env=env_of_choice(price) if price is not None else {},
     )
 
 
@@ -298,18 +300,27 @@ def _progress(session: Any, trial: Any) -> None:
     )
 
 
-def _resume_arguments(args: argparse.Namespace, state: Any) -> None:
+def _resume_arguments(args: argparse.Namespace, state: Any, usage_error: type[Exception]) -> None:
     """A resumed session keeps its objective, targets and price; the budget and trial options are the ones
     given now (to search further, or with other limits)."""
     args.objective = state.objective
     for name in ("target_samples", "target_tokens", "target_steps"):
         setattr(args, name, state.options.get(name))
-    price = state.options.get("price_env") or {}
     if not (args.instance or args.price_per_hour is not None):
-        args.instance = price.get("TUNEUP_INSTANCE")
-        args.spot = price.get("TUNEUP_SPOT") == "1"
-        per_hour = price.get("TUNEUP_PRICE_PER_HOUR")
-        args.price_per_hour = float(per_hour) if per_hour else None
+        from tuneup.cost.pricing import PricingError, choice_from_env
+
+        try:
+            choice = choice_from_env(state.options.get("price_env") or {})
+        except PricingError as exc:
+            raise usage_error(
+                f"the session's price no longer holds ({exc}); give --instance or --price-per-hour"
+            ) from None
+        if choice is not None:
+            args.instance, args.spot, args.price_per_hour = (
+                choice.instance,
+                choice.spot,
+                choice.price_per_hour,
+            )
 
 
 def _cmd_tune(args: argparse.Namespace, usage_error: type[Exception]) -> int:
@@ -327,7 +338,7 @@ def _cmd_tune(args: argparse.Namespace, usage_error: type[Exception]) -> int:
                 raise usage_error("--resume continues the command it was started with: give no command")
             tune_dir = Path(args.resume)
             state = resumable(load_state(tune_dir))
-            _resume_arguments(args, state)
+            _resume_arguments(args, state, usage_error)
             options = _options(args, usage_error)
             state.options.update({"resumed_unix": time.time()})
         else:
