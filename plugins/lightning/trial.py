@@ -93,11 +93,7 @@ class TrialControl:
             "comm_hook": lambda v: self._apply_comm_hook(trainer, str(v), on_cuda),
             "num_workers": lambda v: self._set_workers(trainer, pl_module, int(v)),
             "bucket_cap_mb": lambda v: self._set_bucket_cap(trainer, int(v)),
-            "precision": lambda v: self.not_applied.__setitem__(
-                "precision",
-                "the Trainer fixes its precision when it is constructed: tune precision with a LightningCLI "
-                "script (--trainer.precision) or pass it to the Trainer yourself",
-            ),
+            "precision": lambda v: self._refuse_precision(),
         }
         for knob, value in self.spec.settings.items():
             apply = appliers.get(knob)
@@ -145,6 +141,12 @@ class TrialControl:
     def _set_workers(self, trainer: Any, pl_module: Any, value: int) -> None:
         if not self._set_attribute(trainer, pl_module, "num_workers", value):
             self._workers_on_loader = value  # on the DataLoader itself, once it exists
+
+    def _refuse_precision(self) -> None:
+        self.not_applied["precision"] = (
+            "the Trainer fixes its precision when it is constructed: tune precision with a LightningCLI "
+            "script (--trainer.precision) or pass it to the Trainer yourself"
+        )
 
     def _set_bucket_cap(self, trainer: Any, value: int) -> None:
         strategy = trainer.strategy

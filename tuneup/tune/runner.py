@@ -71,6 +71,11 @@ def _failures(status_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
+def _failure_reason(failures: list[dict[str, Any]]) -> str:
+    first = failures[0]
+    return f"rank {first.get('rank')} raised {first.get('type')}: {first.get('message')}"
+
+
 def _refused(status_dir: Path, settings: Collection[str]) -> str | None:
     if not settings:
         return None
@@ -164,9 +169,7 @@ def run_supervised(
                 now = time.monotonic()
                 failures = _failures(status_dir)
                 if failures:
-                    ended = "failed on a rank"
-                    f = failures[0]
-                    reason = f"rank {f.get('rank')} raised {f.get('type')}: {f.get('message')}"
+                    ended, reason = "failed on a rank", _failure_reason(failures)
                     break
                 refused = _refused(status_dir, settings)
                 if refused:
@@ -210,8 +213,7 @@ def run_supervised(
     if ended == "exited" and proc.returncode != 0:
         finished.ended = "failed on a rank" if failures else "exited with an error"
         if failures:
-            f = failures[0]
-            finished.reason = f"rank {f.get('rank')} raised {f.get('type')}: {f.get('message')}"
+            finished.reason = _failure_reason(failures)
         else:
             finished.reason = f"exited with status {proc.returncode}: {finished.output_tail}"
     return finished
