@@ -937,6 +937,11 @@ def _read(tp: Any, value: Any, where: str) -> Any:
             raise AnalysisFormatError(f"{where}: expected a list, got {type(value).__name__}")
         (item,) = typing.get_args(tp)
         return [_read(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(args) != 2 or args[1] is not Ellipsis:
+            raise AnalysisFormatError(f"{where}: expected a list, got {type(value).__name__}")
+        return tuple(_read(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
             raise AnalysisFormatError(f"{where}: expected an object, got {type(value).__name__}")
@@ -974,6 +979,12 @@ def _read_dataclass(cls: type[T], value: Any, where: str) -> T:
             raise AnalysisFormatError(f"{where}.{f.name}: missing")
         kwargs[f.name] = _read(hints[f.name], value[f.name], f"{where}.{f.name}")
     return cls(**kwargs)
+
+
+def read_dataclass(cls: type[T], document: Any, where: str) -> T:
+    """A JSON document as the dataclass `cls`, typed as `from_json` reads report.json (AnalysisFormatError
+    names the first field that does not fit; unknown keys are ignored)."""
+    return _read_dataclass(cls, document, where)
 
 
 def from_json(document: Any) -> RunAnalysis:

@@ -25,7 +25,7 @@ from typing import Any
 
 from tuneup._version import __version__
 from tuneup.advise.observe import Observation
-from tuneup.analyze.model import CollectiveFit
+from tuneup.analyze.model import read_dataclass
 from tuneup.tune.space import Config, SearchSpace
 
 TUNE_FILE = "tune.json"
@@ -87,22 +87,9 @@ class Trial:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trial:
-        values = dict(data)
-        values["config"] = Config.from_dict(values.get("config") or {})
-        pred = values.get("predicted")
-        values["predicted"] = Prediction(**pred) if pred else None
-        obs = values.get("observation")
-        values["observation"] = observation_from_dict(obs) if obs else None
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
-
-
-def observation_from_dict(data: Mapping[str, Any]) -> Observation:
-    values = dict(data)
-    values["fits"] = tuple(CollectiveFit(**f) for f in values.get("fits") or ())
-    values["bucket_bytes"] = tuple(values.get("bucket_bytes") or ())
-    known = {f.name for f in dataclasses.fields(Observation)}
-    return Observation(**{k: v for k, v in values.items() if k in known})
+        """A trial as tune.json keeps it, typed field by field (AnalysisFormatError names a field that does not
+        fit)."""
+        return read_dataclass(cls, dict(data), "trial")
 
 
 @dataclass(slots=True)
