@@ -318,6 +318,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._peak_mem_bytes: int | None = None
         self._drainer: Drainer | None = None
         self._comm: CommProbe | None = None
+        self._sync_events: Callable[[], list[tuple[str, dict[str, Any]]]] | None = None
+        self._sync_summary: Callable[[], dict[str, Any] | None] | None = None
         self._segment: dict[str, Any] | None = None  # None: the run's first segment
         self._resumed_from: dict[str, Any] | None = None  # a checkpoint's state, until on_train_start
         self._log_queue: deque[tuple[int, dict[str, float]]] = deque()
@@ -501,6 +503,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._write_manifest(trainer, pl_module)
         self._start_sampler(trainer)
         self._wire_ddp_hook(trainer)
+        # TuneupDDPStrategy's events (its start, checks, fallbacks), recorded as they happen.
+        self._sync_events = getattr(trainer.strategy, "tuneup_sync_events", None)
+        self._sync_summary = getattr(trainer.strategy, "tuneup_sync_summary", None)
+        self._record_sync_events()
         self._noise_method = self._choose_noise_method(trainer)
         self._start_noise_sampling()
         if self.count_flops and _is_compiled(pl_module):
@@ -579,6 +585,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         else:
             self._pending_events.append((kind, fields))
 
+    def _record_sync_events(self) -> None:
+        if self._sync_events is None or self._writer is None:
+            return
+        for kind, fields in self._sync_events():
+            self._writer.add_event(kind, **fields)
+
     def _restart_clock(self) -> None:
         """Time before this point belongs to no step: nor do collectives issued in it (setup, validation)."""
         if self._clock is not None:
@@ -594,7 +606,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if ddp_model is None or not hasattr(ddp_model, "register_comm_hook"):
             return
         dropped = getattr(trainer.strategy, "_ddp_comm_hook", None)
-        if dropped is not None and not comm.on_cuda:
+        if dropped is not None and not comm.on_cuda and not comm.hook_registered:
             if self._writer is not None:
                 # In the record too, so that the report says it: the training log is easily missed.
                 self._writer.add_event(
@@ -973,6 +985,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         )
         if self._noise_sampling is not None:
             self._noise_step_ends()
+        if self._sync_events is not None:
+            self._record_sync_events()
         if self._profiler is not None:
             self._profiler.step_end(step)
         # Records are built and written on the drainer's thread (which also wakes every flush_every_s).
@@ -1142,6 +1156,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 self._clock.drain(force=True)
                 self._log_to_trainer()
         finally:
+            if self._sync_summary is not None:
+                with contextlib.suppress(Exception):
+                    self._record_sync_events()
+                    summary = self._sync_summary()
+                    if summary:
+                        self._writer.add_event("sync_summary", **summary)
             if self._noise_sampling is not None:
                 # Which steps took the norms, and what they cost (the automatic choice's inputs).
                 with contextlib.suppress(Exception):

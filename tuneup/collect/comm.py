@@ -19,10 +19,11 @@ callback's stream completes with the collective), read with the step, later, lik
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,28 @@ class PendingCollective:
     # squared norm before the all-reduce (this rank's gradient) and after it (the average), as tensors.
     local_sq: Any = None
     reduced_sq: Any = None
+    # Which ranks it spanned, where a synchronisation strategy said (tuneup.sync): "node" (the ranks of one
+    # node), "cross_node" (one rank per node); None: the model's whole process group.
+    scope: str | None = None
+
+
+# Collectives issued outside any DDP hook that are still the training's gradient synchronisation (local
+# SGD's parameter averaging, from the optimizer step), and the scope of a hook's collectives: set by the
+# code issuing them (`tuneup.sync`), per thread, and read by any installed probe.
+_CONTEXT = threading.local()
+PARAM_AVERAGING = "param_avg"  # the source of local SGD's averaging collectives
+
+
+@contextlib.contextmanager
+def collectives_as(source: str | None = None, scope: str | None = None) -> Iterator[None]:
+    """Collectives issued inside are recorded as `source` (when not inside a DDP hook, which has its own
+    record) and spanning `scope` ("node" or "cross_node"), by an installed `CommProbe`; no cost without one."""
+    saved = (getattr(_CONTEXT, "source", None), getattr(_CONTEXT, "scope", None))
+    _CONTEXT.source, _CONTEXT.scope = source or saved[0], scope or saved[1]
+    try:
+        yield
+    finally:
+        _CONTEXT.source, _CONTEXT.scope = saved
 
 
 def _tensor_bytes(tensor: Any) -> int:
@@ -143,15 +166,16 @@ class CommProbe:
             start = probe.mark()
             # Before the hook: hooks divide and reduce the bucket in place.
             local_sq = _local_squared_norm(probe, bucket) if probe.noise_scale else None
-            sent: list[tuple[str, int, str]] = []
+            sent: list[tuple[str, int, str, str | None]] = []
             probe._local.sent = sent
             try:
                 fut = hook(state, bucket)
             finally:
                 probe._local.sent = None
             buffer = bucket.buffer()
+            scope = None
             if sent:  # what the hook put on the wire: compressed, factored, or as it came
-                kind, nbytes, dtype = sent[0][0], sum(s[1] for s in sent), sent[0][2]
+                kind, nbytes, dtype, scope = sent[0][0], sum(s[1] for s in sent), sent[0][2], sent[0][3]
             else:  # a hook that communicates by other means: the bucket's own size is the best guess
                 kind, nbytes, dtype = (
                     "all_reduce",
@@ -159,9 +183,13 @@ class CommProbe:
                     str(buffer.dtype).removeprefix("torch."),
                 )
             record = PendingCollective(
-                kind, nbytes, dtype, int(bucket.index()), "ddp_hook", start, probe.world_size
+                kind, nbytes, dtype, int(bucket.index()), "ddp_hook", start, probe.world_size, scope=scope
             )
             probe._add(record)
+            if getattr(state, "lossy", False):
+                # The hook's result is not the exact average (PowerSGD, local steps): the noise scale's
+                # "after" norm would be the approximation's, so this step has none.
+                local_sq = None
             if local_sq is None:
                 return fut.then(probe._finish(record))
             record.local_sq = local_sq
@@ -225,7 +253,8 @@ class CommProbe:
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             sent = getattr(probe._local, "sent", None)
-            if sent is None and not probe.record_all:
+            outside = getattr(_CONTEXT, "source", None)
+            if sent is None and not probe.record_all and outside is None:
                 return original(*args, **kwargs)
             try:
                 tensor = args[size_pos] if len(args) > size_pos else kwargs.get(size_name)
@@ -233,11 +262,19 @@ class CommProbe:
                 dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else None
             except Exception:
                 nbytes, dtype = 0, None
+            scope = getattr(_CONTEXT, "scope", None)
             if sent is not None:
                 # Inside a DDP hook: the hook's own timing covers it; only count what it sends.
-                sent.append((kind, nbytes, dtype or ""))
+                sent.append((kind, nbytes, dtype or "", scope))
                 return original(*args, **kwargs)
-            record = PendingCollective(kind, nbytes, dtype, None, "fsdp", probe.mark(), probe.world_size)
+            group = kwargs.get("group")
+            ranks = probe.world_size
+            if group is not None:
+                with contextlib.suppress(Exception):  # a group object without size(): count the world
+                    ranks = int(group.size())
+            record = PendingCollective(
+                kind, nbytes, dtype, None, outside or "fsdp", probe.mark(), ranks, scope=scope
+            )
             work = original(*args, **kwargs)
             probe._add(record)
             if kwargs.get("async_op") and work is not None:
@@ -329,18 +366,19 @@ def resolve_collectives(
     done = [p for p in pending if p.end is not None]
     records = []
     for p in done:
-        records.append(
-            {
-                "kind": p.kind,
-                "bytes": p.bytes,
-                "dtype": p.dtype,
-                "bucket": p.bucket,
-                "duration_ms": max(0.0, elapsed_ms(p.start, p.end)),
-                "start_ms": elapsed_ms(step_start, p.start) if step_start is not None else None,
-                "source": p.source,
-                "world_size": p.world_size,
-            }
-        )
+        record = {
+            "kind": p.kind,
+            "bytes": p.bytes,
+            "dtype": p.dtype,
+            "bucket": p.bucket,
+            "duration_ms": max(0.0, elapsed_ms(p.start, p.end)),
+            "start_ms": elapsed_ms(step_start, p.start) if step_start is not None else None,
+            "source": p.source,
+            "world_size": p.world_size,
+        }
+        if p.scope is not None:
+            record["scope"] = p.scope
+        records.append(record)
     summary: dict[str, Any] = {}
     if done:
         hooks = [p for p in done if p.source == "ddp_hook"]
@@ -348,12 +386,21 @@ def resolve_collectives(
         if hooks:
             last_launch = hooks[-1].start
             exposed = max(0.0, max(elapsed_ms(last_launch, p.end) for p in hooks))
+        # Local SGD's parameter averaging runs from the optimizer step, on the training thread: the step
+        # waits for all of it.
+        averaging = [
+            r["duration_ms"] for p, r in zip(done, records, strict=True) if p.source == PARAM_AVERAGING
+        ]
+        if averaging:
+            exposed = (exposed or 0.0) + sum(averaging)
         summary = {
             "comm_ms": sum(r["duration_ms"] for r in records),
             "comm_exposed_ms": exposed,
             "comm_bytes": sum(p.bytes for p in done),
             "comm_count": len(done),
         }
+        if any(p.scope is not None for p in done):
+            summary["comm_node_bytes"] = sum(p.bytes for p in done if p.scope == "node")
         # The noise scale's two norms, only when every bucket of the step has both (a bucket left out
         # would bias them); summed as tensors, read once by the caller.
         if hooks and len(hooks) == len([p for p in pending if p.source == "ddp_hook"]):

@@ -449,6 +449,7 @@ _NON_NEGATIVE_STEP_FIELDS = (
     "gns_big_sq",
     "gns_small_batch",
     "gns_big_batch",
+    "comm_node_bytes",
 )
 
 
@@ -493,6 +494,7 @@ _STEP_FIELDS = (
     "gns_big_sq",
     "gns_small_batch",
     "gns_big_batch",
+    "comm_node_bytes",
 )
 if tuple(f.name for f in fields(StepRecord)) != _STEP_FIELDS:
     raise ImportError("tuneup.record.reader: _STEP_FIELDS must list StepRecord's fields in their order")
@@ -527,6 +529,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         big_sq,
         small_batch,
         big_batch,
+        node_bytes,
     ) = map(obj.get, _STEP_FIELDS)
     if not (
         type(step) is int
@@ -547,6 +550,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         and (exposed is None or exposed >= 0)
         and (comm_bytes is None or comm_bytes >= 0)
         and (comm_count is None or comm_count >= 0)
+        and (node_bytes is None or (type(node_bytes) is int and node_bytes >= 0))
     ):
         return _checked_step(obj)
     return StepRecord(
@@ -575,6 +579,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         None if small_sq is None else float(big_sq),
         None if small_sq is None else int(small_batch),
         None if small_sq is None else int(big_batch),
+        node_bytes,
     )
 
 
@@ -621,6 +626,7 @@ def _checked_step(obj: dict[str, Any]) -> StepRecord:
         gns_big_sq=_opt_num(obj, "gns_big_sq"),
         gns_small_batch=_opt_int(obj, "gns_small_batch"),
         gns_big_batch=_opt_int(obj, "gns_big_batch"),
+        comm_node_bytes=_opt_int(obj, "comm_node_bytes"),
     )
     return _non_negative(record, _NON_NEGATIVE_STEP_FIELDS)
 
@@ -660,6 +666,7 @@ def _collective(obj: dict[str, Any]) -> CollectiveRecord:
         and type(world_size) in opt
         and type(start) in opt
         and type(source) in _STR_OR_NULL
+        and type(get("scope")) in _STR_OR_NULL
         and size >= 0
         and duration >= 0
         and (world_size is None or world_size >= 1)
@@ -675,6 +682,7 @@ def _collective(obj: dict[str, Any]) -> CollectiveRecord:
         world_size=None if world_size is None else int(float(world_size)),
         start_ms=None if start is None else float(start),
         source=source,
+        scope=get("scope"),
     )
 
 
@@ -695,6 +703,7 @@ def _checked_collective(obj: dict[str, Any]) -> CollectiveRecord:
         world_size=world_size,
         start_ms=_opt_num(obj, "start_ms"),
         source=_opt_str(obj, "source"),
+        scope=_opt_str(obj, "scope"),
     )
     return _non_negative(record, ("bytes", "duration_ms"))
 

@@ -117,6 +117,9 @@ class StepRecord:
     gns_big_sq: float | None = None
     gns_small_batch: int | None = None
     gns_big_batch: int | None = None
+    # Of comm_bytes, those sent among the ranks of one node only (a hierarchical strategy's intra-node
+    # collectives, tuneup.sync); absent when no collective said which ranks it spanned.
+    comm_node_bytes: int | None = None
 
 
 @dataclass(slots=True)
@@ -134,7 +137,8 @@ class CollectiveRecord:
     bucket: int | None = None  # DDP gradient bucket index, where there is one
     world_size: int | None = None  # ranks taking part
     start_ms: float | None = None  # launch, ms after the step's start (for overlap), where known
-    source: str | None = None  # "ddp_hook", "fsdp", "probe", ...
+    source: str | None = None  # "ddp_hook", "fsdp", "probe", "param_avg" (local SGD's averaging), ...
+    scope: str | None = None  # "node" or "cross_node" where a strategy's subgroup was used; None: all ranks
 
 
 @dataclass(slots=True)
