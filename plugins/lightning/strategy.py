@@ -127,6 +127,13 @@ def _strategy_class(namespace: str, name: str) -> type:
                 self.sync.after_optimizer_step(optimizer)
             return output
 
+        def on_train_end(self) -> None:
+            super().on_train_end()
+            if self.sync is not None:
+                # After local steps the ranks hold different parameters: the model that training leaves
+                # (and rank 0 saves) is their average.
+                self.sync.finish()
+
         # -- read by TuneupCallback (duck-typed: the callback does not import this module) ---------------
 
         def tuneup_sync_events(self) -> list[tuple[str, dict[str, Any]]]:

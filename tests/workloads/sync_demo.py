@@ -44,6 +44,7 @@ def main() -> None:
     from tuneup.plugins.lightning import strategy as strategies
 
     L = importlib.import_module(args.namespace)
+    demo._lightning = lambda: L  # the demo's model, built on this namespace's LightningModule
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.devices))
     L.seed_everything(args.seed, workers=True, verbose=False)
     # The same data for every strategy and seed: the seed changes the model's initialisation and order.

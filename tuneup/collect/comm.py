@@ -166,16 +166,19 @@ class CommProbe:
             start = probe.mark()
             # Before the hook: hooks divide and reduce the bucket in place.
             local_sq = _local_squared_norm(probe, bucket) if probe.noise_scale else None
-            sent: list[tuple[str, int, str, str | None]] = []
+            sent: list[tuple[str, int, str, str | None, int]] = []  # kind, bytes, dtype, scope, ranks
             probe._local.sent = sent
             try:
                 fut = hook(state, bucket)
             finally:
                 probe._local.sent = None
+            if not sent and getattr(state, "silent", False):
+                return fut  # the hook sent nothing (a local SGD step): no collective to record
             buffer = bucket.buffer()
-            scope = None
+            scope, ranks = None, probe.world_size
             if sent:  # what the hook put on the wire: compressed, factored, or as it came
-                kind, nbytes, dtype, scope = sent[0][0], sum(s[1] for s in sent), sent[0][2], sent[0][3]
+                kind, dtype, scope, ranks = sent[0][0], sent[0][2], sent[0][3], sent[0][4]
+                nbytes = sum(s[1] for s in sent)
             else:  # a hook that communicates by other means: the bucket's own size is the best guess
                 kind, nbytes, dtype = (
                     "all_reduce",
@@ -183,7 +186,7 @@ class CommProbe:
                     str(buffer.dtype).removeprefix("torch."),
                 )
             record = PendingCollective(
-                kind, nbytes, dtype, int(bucket.index()), "ddp_hook", start, probe.world_size, scope=scope
+                kind, nbytes, dtype, int(bucket.index()), "ddp_hook", start, ranks, scope=scope
             )
             probe._add(record)
             if getattr(state, "lossy", False):
@@ -263,15 +266,15 @@ class CommProbe:
             except Exception:
                 nbytes, dtype = 0, None
             scope = getattr(_CONTEXT, "scope", None)
-            if sent is not None:
-                # Inside a DDP hook: the hook's own timing covers it; only count what it sends.
-                sent.append((kind, nbytes, dtype or "", scope))
-                return original(*args, **kwargs)
             group = kwargs.get("group")
             ranks = probe.world_size
             if group is not None:
                 with contextlib.suppress(Exception):  # a group object without size(): count the world
                     ranks = int(group.size())
+            if sent is not None:
+                # Inside a DDP hook: the hook's own timing covers it; only count what it sends.
+                sent.append((kind, nbytes, dtype or "", scope, ranks))
+                return original(*args, **kwargs)
             record = PendingCollective(
                 kind, nbytes, dtype, None, outside or "fsdp", probe.mark(), ranks, scope=scope
             )

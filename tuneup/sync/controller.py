@@ -96,10 +96,14 @@ class SyncController:
     def after_optimizer_step(self, optimizer: Any) -> None:
         self.step += 1
         step = self.step
-        if step == self.config.start_step and self.started_at is None:
+        # The step that just ended synchronised exactly; the mode starts with the next backward.
+        just_started = step == self.config.start_step and self.started_at is None
+        if just_started:
             self._start()
         mode = self.state.mode
-        if mode == "local" and self.averager is not None and self.period is not None:
+        if just_started:
+            pass
+        elif mode == "local" and self.averager is not None and self.period is not None:
             key = id(optimizer)
             taken = self._optimizer_steps[key] = self._optimizer_steps.get(key, 0) + 1
             if taken % self.period == 0:
@@ -200,6 +204,13 @@ class SyncController:
         if self.averager is None or self._params is None:
             return
         self.averager.average(self._params, measure=False)
+
+    def finish(self) -> None:
+        """At the end of training: make the ranks' parameters one again if local steps left them apart."""
+        if self.state.mode == "local":
+            # (After TuneupCallback has closed its record: Lightning calls the callbacks' on_train_end
+            # before the strategy's.)
+            self._average_all_parameters()
 
     def track_parameters(self, params: list[Any]) -> None:
         """The model's trainable parameters, for the averaging a fallback from local SGD makes."""

@@ -62,6 +62,12 @@ class HookState:
         """Whether the hook's result is other than the exact average (read by the probe's noise scale)."""
         return self.mode in LOSSY_MODES
 
+    @property
+    def silent(self) -> bool:
+        """Whether the hook sends nothing at all (a local step with no node to average in): read by the
+        probe, which then records no collective rather than guess one."""
+        return self.mode == "local" and (self.node_group is None or self.node_size <= 1)
+
     def all_reduce(self, tensor: Any, group: Any = None) -> None:
         """Sum `tensor` over `group` (the model's), in place, through torch.distributed (the probe counts
         it); returns when it is done."""
@@ -114,7 +120,7 @@ def sync_hook(state, bucket):  # type: ignore[no-untyped-def]
         state.sent_bytes += state.powersgd.sent_numel(index, bucket) * buf.element_size()
         return _done(_finish(state, buf, exact))
     if mode == "local":
-        if state.node_group is None or state.node_size <= 1:
+        if state.silent:
             return _done(buf)  # a local step: this rank's own gradient
         import torch.distributed as dist
 
