@@ -51,14 +51,39 @@ def ddp_strategy(namespace: str | None, kwargs: Mapping[str, str]) -> tuple[str,
     imports = [f"from {ns} import Trainer", f"from {ns}.strategies import DDPStrategy"]
     if any("default_hooks." in v for v in kwargs.values()):
         imports.append("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks")
-    if any("powerSGD_hook." in v for v in kwargs.values()):
-        imports.append("from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook")
     args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
     python = "\n".join(imports) + f"\n\ntrainer = Trainer(..., strategy=DDPStrategy({args}))"
     yaml = f"trainer:\n  strategy:\n    class_path: {ns}.strategies.DDPStrategy\n    init_args:\n" + "".join(
         f"      {k}: {_yaml_expr(v)}\n" for k, v in kwargs.items()
     )
     return python, yaml.rstrip("\n")
+
+
+# tuneup's DDP strategy (compression, local SGD, a safeguard) exists once per Lightning namespace: a Trainer
+# rejects a strategy of the other one.
+SYNC_STRATEGY_MODULE = "tuneup.plugins.lightning.strategy"
+SYNC_STRATEGY_CLASS = {"lightning.pytorch": "TuneupDDPStrategy", "pytorch_lightning": "PLTuneupDDPStrategy"}
+
+
+def sync_strategy(namespace: str | None, kwargs: Mapping[str, object]) -> tuple[str, str]:
+    """(Python, YAML) for tuneup's DDP strategy of the run's namespace with arguments (SyncConfig's
+    fields, DDPStrategy's own); values are plain values, not expressions."""
+    ns = _namespace(namespace)
+    cls = SYNC_STRATEGY_CLASS[ns]
+    args = ", ".join(f"{k}={_python(v)}" for k, v in kwargs.items())
+    python = (
+        f"from {ns} import Trainer\nfrom tuneup.plugins.lightning import {cls}\n\n"
+        f"trainer = Trainer(..., strategy={cls}({args}))"
+    )
+    yaml = f"trainer:\n  strategy:\n    class_path: {SYNC_STRATEGY_MODULE}.{cls}\n    init_args:\n" + "".join(
+        f"      {k}: {_yaml(v)}\n" for k, v in kwargs.items()
+    )
+    return python, yaml.rstrip("\n")
+
+
+def _python(v: object) -> str:
+    # Double quotes, as the formatters of most projects write strings.
+    return f'"{v}"' if isinstance(v, str) else repr(v)
 
 
 def _yaml(v: object) -> str:

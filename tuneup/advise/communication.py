@@ -5,10 +5,17 @@ collectives that ran beside backward slowed it too (interference), which the ste
 where runs at one and several ranks were given. The candidates, each predicted through the model with
 the link's alpha-beta fit:
 
-- fp16 gradient compression over NCCL (half the bytes; bf16 too, which gloo cannot all-reduce). Not on
-  gloo: there the casts and the CPU's fp16 sums took what the halved bytes saved (measured);
+- fp16 gradient compression over NCCL (half the bytes; bf16 too, which gloo cannot all-reduce), with
+  `TuneupDDPStrategy(compression="fp16")`. Not on gloo: there the casts and the CPU's fp16 sums took what
+  the halved bytes saved (measured);
+- local SGD, `TuneupDDPStrategy(local_sgd_period=H)`: no gradient all-reduce, the parameters averaged every
+  H steps (exposed);
 - accumulation of two micro-batches, to communicate half as often per sample (the global batch doubles);
 - a larger DDP bucket, where the per-collective latency (alpha) is a material share of the step.
+
+Compression and local SGD are printed as tuneup's strategy rather than Lightning's
+`DDPStrategy(ddp_comm_hook=...)`: Lightning applies that hook on CUDA only, and the strategy guards
+convergence (it checks the result against exact averaging and falls back).
 """
 
 from __future__ import annotations
@@ -19,9 +26,16 @@ from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Change, Recommendation
 from tuneup.analyze.interconnect import model_time_s
+from tuneup.sync.config import SyncConfig
 
 # Communication is material when it costs the step at least this share.
 MATERIAL_SHARE = 0.05
+# Local SGD's period: steps between parameter averages. Small, because the ranks' models drift apart
+# between averages; 4 is the period of torch's own post-local SGD example (PeriodicModelAverager).
+LOCAL_SGD_PERIOD = 4
+# What the printed strategy does when given only the recommended argument: the caveats quote its defaults
+# (warm-up, check interval, fallback) from the one place they are set.
+STRATEGY = SyncConfig()
 
 
 def recommend(ctx: AdviceContext) -> list[Recommendation]:
@@ -40,7 +54,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         f"collectives {o.comm_ms:.1f} ms per step, of which the step waited {o.exposed_ms:.1f} ms after backward "
         f"({o.exposed_ms / step:.1%} of the {step:.1f} ms step)",
         f"{len(o.bucket_bytes)} bucket(s), {(o.comm_bytes or 0) / 2**20:.2f} MiB per step over {o.backend or 'the'} "
-        f"backend; link fit alpha {o.fits[0].alpha_us:.0f} us per step, bus bandwidth "
+        f"backend; link fit alpha {o.fits[0].alpha_us:.0f} us per collective, bus bandwidth "
         f"{o.fits[0].busbw_gbytes_per_s or 0:.3g} GB/s"
         if o.fits and o.fits[0].alpha_us is not None
         else f"{len(o.bucket_bytes)} bucket(s) per step",
@@ -69,28 +83,39 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         ctx.skip("fp16 gradient compression", "gradients are already fp16")
     elif (o.backend or "").lower() == "gloo" or not o.on_gpu:
         # Measured, not modelled: gloo sums on the CPU, and the casts and the fp16 arithmetic took what the
-        # halved bytes saved (benchmarks/advise_loop.py, 2 gloo ranks: predicted +20.5%, measured +0.4%).
+        # halved bytes saved (benchmarks/advise_loop.py, 2 gloo ranks, torch's fp16_compress_hook: predicted
+        # +20.5%, measured +0.4%). The strategy's fp16 mode casts and sums the same way.
         ctx.skip(
             "fp16 gradient compression",
             "on gloo the casts and the CPU's fp16 sums cost what the halved bytes save (measured +0.4% where "
-            "bytes alone predicted +20%); it pays over NCCL, on GPUs",
+            'bytes alone predicted +20%); TuneupDDPStrategy(compression="fp16") runs here, but pays over NCCL, '
+            "on GPUs",
         )
     else:
         rec = ctx.recommendation(
             id="communication.fp16_compression",
             title="Compress DDP gradients to fp16",
-            changes=[Change("ddp_comm_hook", "allreduce", "fp16_compress_hook")],
+            changes=[Change("compression", "none", "fp16")],
             proposed=ctx.predict(replace(current, comm_bytes_factor=0.5)),
             evidence=evidence,
-            code=code.ddp_strategy(ctx.namespace, {"ddp_comm_hook": "default_hooks.fp16_compress_hook"}),
+            code=code.sync_strategy(ctx.namespace, {"compression": "fp16"}),
             caveats=[
-                "fp16 gradients lose precision below ~6e-8 and overflow above 65504; watch the loss",
-                "bf16 compression (bf16_compress_hook) needs NCCL: gloo cannot all-reduce bf16",
+                "fp16 gradients lose precision below ~6e-8 and overflow above 65504: the strategy compresses "
+                f"after {STRATEGY.warmup_steps} exact steps (warmup_steps), compares the compressed average "
+                f"with an exact one every {STRATEGY.check_every_n_steps} steps (less often while they agree), "
+                f"and falls back to exact all-reduce after {STRATEGY.breaches_to_fall_back} breached checks in "
+                "a row",
+                'compression="bf16" (fp32\'s range, fewer mantissa bits) needs NCCL and a GPU with bf16 '
+                "(Ampere or newer): gloo cannot all-reduce bf16",
             ],
             confidence="medium" if ctx.model.gamma_known else "low",
         )
         if rec is not None:
             out.append(rec)
+
+    local = _local_sgd(ctx, evidence)
+    if local is not None:
+        out.append(local)
 
     # Accumulate: the same collectives carry twice the samples.
     doubled = replace(current, accumulate_grad_batches=current.accumulate_grad_batches * 2)
@@ -140,7 +165,68 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     )
     ctx.skip(
         "PowerSGD",
-        "its bytes depend on the parameters' shapes, which the record does not hold; it needs error feedback "
-        "and a start after warm-up (and after DDP's bucket rebuild), and hung on gloo in our tries",
+        "its bytes depend on the parameters' shapes, which the record does not hold, so no prediction: try "
+        f'TuneupDDPStrategy(compression="powersgd") (rank {STRATEGY.powersgd_rank}, error feedback, exact for '
+        f"the first {SyncConfig(compression='powersgd').start_step} steps; it runs on gloo too) and "
+        "compare the runs with `tuneup compare BASELINE CANDIDATE`",
     )
     return out
+
+
+def _local_sgd(ctx: AdviceContext, evidence: list[str]) -> Recommendation | None:
+    """Local SGD: no gradient all-reduce, and the parameters averaged every H steps, exposed."""
+    o, current = ctx.observation, ctx.setting
+    if not o.bucket_bytes:
+        ctx.skip(
+            "local_sgd_period",
+            "the gradient's size was not recorded (no buckets): its average cannot be timed",
+        )
+        return None
+    period = LOCAL_SGD_PERIOD
+    kwargs: dict[str, object] = {"local_sgd_period": period}
+    local_config = SyncConfig(local_sgd_period=period)
+    per_rank = current.batch_size * current.accumulate_grad_batches
+    caveats = [
+        f"the ranks train apart between averages: instead of one step on the global batch of "
+        f"{current.global_batch} samples, each rank steps on its own {per_rank} and the models are averaged "
+        f"every {period} steps; progress per sample can be lower. The prediction is of throughput, not of time "
+        "to a loss: compare the loss curves",
+        f"the strategy steps locally after {local_config.start_step} exact steps (warmup_steps; the gain "
+        f"starts there), checks the ranks' divergence at an average and the loss every "
+        f"{local_config.check_every_n_steps} steps (less often while the checks stay clean), and falls back "
+        f"to exact all-reduce after {local_config.breaches_to_fall_back} breached checks in a row",
+    ]
+    if o.num_nodes > 1:
+        # Across nodes the strategy defaults to hierarchical averaging, whose per-step intra-node all-reduce
+        # this run's one link fit cannot tell from the inter-node one: the code asks for what is predicted.
+        kwargs["hierarchical"] = False
+        caveats.append(
+            "across nodes the strategy's default (hierarchical=True) averages gradients within each node every "
+            f"step and parameters across nodes every {period} steps: closer to exact training, slower by an "
+            "intra-node all-reduce per step that this run cannot predict (one link fit for both links). The "
+            "code sets hierarchical=False, which is what is predicted; try both and compare them with "
+            "`tuneup compare`"
+        )
+    local = replace(current, local_sgd_period=period)
+    proposed = ctx.predict(local)
+    averaging_ms = (proposed.breakdown_ms or {}).get("averaging", 0.0) * period
+    gradient_mib = sum(o.bucket_bytes) / 2**20
+    return ctx.recommendation(
+        id="communication.local_sgd",
+        title=f"Average the parameters every {period} steps (local SGD) instead of the gradients every step",
+        changes=[Change("local_sgd_period", "None", str(period))],
+        proposed=proposed,
+        evidence=[
+            *evidence,
+            f"the average every {period} steps: one all-reduce of the parameters ({gradient_mib:.2f} MiB, as "
+            f"many bytes as the gradients) over {o.world_size} ranks, {averaging_ms:.1f} ms by the link fit held "
+            f"to the measured collectives, after the optimizer with nothing to overlap "
+            f"({averaging_ms / period:.1f} ms per step)",
+        ],
+        code=code.sync_strategy(ctx.namespace, kwargs),
+        caveats=caveats,
+        # What local steps save is the exposed wait and the interference; the latter is a measurement only
+        # against a one-rank run, else the interval spans none to all of it.
+        confidence="medium" if ctx.model.interference_known else "low",
+        settle="run it and compare with `tuneup compare`",
+    )

@@ -45,6 +45,9 @@ class Setting:
     precision: str | None = None
     num_workers: int | None = None
     comm_bytes_factor: float = 1.0  # what a compressing hook sends per byte of gradient (fp16: 0.5)
+    # Local SGD's H: no gradient leaves a rank, and every H-th step all-reduces the parameters after the
+    # optimizer, exposed (TuneupDDPStrategy(local_sgd_period=H)). None: DDP's all-reduce every step.
+    local_sgd_period: int | None = None
 
     @property
     def global_batch(self) -> int:
@@ -68,7 +71,7 @@ class Predicted:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    knob: str  # e.g. "batch_size", "accumulate_grad_batches", "num_workers", "precision", "ddp_comm_hook"
+    knob: str  # e.g. "batch_size", "accumulate_grad_batches", "num_workers", "precision", "compression"
     current: str
     proposed: str
 

@@ -22,6 +22,11 @@ without it). Both reproduce the run; they differ on what changes, such as accumu
 micro-batches run without collectives). The point takes the serialized reading for a CPU rank without a
 spare core and the overlapped one on GPUs; the interval spans both.
 
+Local SGD with period H (`Setting.local_sgd_period`) sends no gradient: S = 0 in T_opt and no interference,
+and the step gains A/H, A = T(all_reduce, p, Σ bytes) the parameters' average (one flat buffer, as many bytes
+as the gradients, held to the measured time as S is) run after the optimizer with nothing to hide behind.
+That is the mean step, which throughput follows; for H > 2 the median step is a local one, without A.
+
 With one batch size seen, α and β cannot both be known: AdaptDL fixes α at half the compute, and the
 interval spans α from 0 (compute proportional to the batch) to all of it (compute fixed).
 """
@@ -229,19 +234,30 @@ class StepTimeModel:
         scale = compute_scale or Range(1.0, 1.0, 1.0)
         delta = self.data_ms_per_sample if data_ms_per_sample is None else data_ms_per_sample
         data = s * delta * b
-        modelled = sync_ms(
-            fits if fits is not None else self.fits, self.bucket_bytes, p, setting.comm_bytes_factor
-        )
-        sync_unknown = modelled is None
+        link = fits if fits is not None else self.fits
         # Another link's fit is taken as it is; the run's own is held to what the run measured.
-        sync = (modelled or 0.0) * (self.sync_scale if fits is None else 1.0)
+        link_scale = self.sync_scale if fits is None else 1.0
+        modelled = sync_ms(link, self.bucket_bytes, p, setting.comm_bytes_factor)
+        sync_unknown = modelled is None
+        sync = (modelled or 0.0) * link_scale
+        period = setting.local_sgd_period
+        averaging = 0.0
+        if period is not None:
+            # Local SGD: backward sends nothing, and every H-th step waits for one all-reduce of the
+            # parameters (the strategy averages them as one flat buffer) after the optimizer, fully exposed.
+            flat = sync_ms(link, (sum(self.bucket_bytes),), p) if self.bucket_bytes else None
+            averaging = (flat or 0.0) * link_scale / period
+            sync = 0.0
 
         def step(v: Overlap, c: float, k: float, gamma: float | None) -> tuple[float, dict[str, float]]:
             c *= k
             fwd, bwd = c * (1 - self.backward_share), c * self.backward_share
             last = fwd + overlapped_ms(bwd, sync, gamma if gamma is not None else GAMMA_MAX)
-            interference = self._interference(p, sync, v.interference_ms)
-            total = data + (s - 1) * c + last + interference + self.optimizer_ms + s * self.other_ms
+            # The averaging runs alone, between steps: it slows no compute.
+            interference = self._interference(p, sync, v.interference_ms) if period is None else 0.0
+            total = (
+                data + (s - 1) * c + last + interference + self.optimizer_ms + s * self.other_ms + averaging
+            )
             terms = {
                 "data": data,
                 "compute": s * c,
@@ -251,6 +267,8 @@ class StepTimeModel:
                 "other": s * self.other_ms,
                 "sync_model": sync,
             }
+            if period is not None:
+                terms["averaging"] = averaging
             return total, terms
 
         point = self.variants[0]
@@ -276,7 +294,11 @@ class StepTimeModel:
         if sync_unknown and p > 1:
             err = max(err, 0.25)
         mean = Range(mid, lo * (1 - err), hi * (1 + err))
-        return StepPrediction(mean, mean.scaled(self.median_over_mean), terms)
+        typical = mean
+        if period is not None and period > 2:
+            # Most steps do not average: the median step is a local one.
+            typical = Range(mid - averaging, (lo - averaging) * (1 - err), (hi - averaging) * (1 + err))
+        return StepPrediction(mean, typical.scaled(self.median_over_mean), terms)
 
     def _interference(self, world_size: int, sync: float, table: dict[int, float]) -> float:
         if world_size <= 1 or not table:
