@@ -37,6 +37,9 @@ Checks (grown issue by issue):
    transformer whose largest micro-batches cannot fit in the GPU's memory: those trials must come back
    "infeasible" (out of memory, larger ones ruled out without a trial), never a crash, and the session must
    end with a winner confirmed (or not) by the compare rule. Prints the trial table and the result.
+11. the synchronisation strategy under NCCL (issue 16), one GPU so world size 1: fp16, bf16 (NCCL only),
+   PowerSGD and local SGD train through TuneupDDPStrategy with the hook on CUDA tensors; bytes cut per
+   mode from the strategy's count (expected 2, 2, >= 10); a faulty PowerSGD falls back within 50 steps.
 """
 
 from __future__ import annotations
@@ -700,6 +703,50 @@ def tune_check(out: Path) -> dict[str, Any]:
     }
 
 
+@check("sync strategy")
+def sync_check(out: Path) -> dict[str, Any]:
+    """TuneupDDPStrategy under NCCL on the one GPU (world size 1): each compression mode trains, its comm
+    hook runs on CUDA tensors, and the bytes it sends are what the mode promises; bf16 is accepted over
+    NCCL (refused over gloo); a faulty compressor falls back. With one rank the all-reduce sums nothing and
+    the probe (which needs 2 ranks) records no collective: the bytes are the strategy's own count."""
+    import subprocess
+
+    workload = Path(__file__).resolve().parents[1] / "tests" / "workloads" / "sync_demo.py"
+    modes: dict[str, tuple[dict[str, Any], list[str]]] = {
+        "fp16": ({"compression": "fp16"}, []),
+        "bf16": ({"compression": "bf16"}, []),
+        "powersgd": ({"compression": "powersgd"}, []),
+        "powersgd-fault": ({"compression": "powersgd"}, ["--fault", "-1"]),
+        "local-sgd": ({"local_sgd_period": 4}, []),
+    }
+    results: dict[str, Any] = {}
+    for name, (config, extra) in modes.items():
+        if ACCELERATOR == "cpu" and name == "bf16":
+            continue  # gloo refuses it (tested on the CPU)
+        run_out = out / f"sync-{name}"
+        command = [sys.executable, str(workload), str(run_out), "--devices", "1", "--steps", "60",
+                   "--accelerator", ACCELERATOR, "--strategy", json.dumps({**config, "warmup_steps": 5}), *extra]  # fmt: skip
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+        if proc.returncode != 0:
+            print(proc.stderr[-2000:])
+            results[name] = {"returncode": proc.returncode}
+            continue
+        result = json.loads((run_out / "result.json").read_text())
+        summary = result["strategy"]
+        # Sent against exact over the steps after the 5-step warm-up.
+        warm = summary["exact_bytes"] / summary["hook_iterations"] * 5
+        ratio = (summary["exact_bytes"] - warm) / max(1.0, summary["sent_bytes"] - warm)
+        results[name] = {
+            "held_out_loss": round(result["held_out_loss"], 4),
+            "bytes_cut": round(ratio, 2),
+            "mode_at_end": summary["mode_at_end"],
+            "fallbacks": [(f["step"], f["reasons"]) for f in summary["fallbacks"]],
+            "checks": summary["checks"],
+        }
+        print(name, results[name], flush=True)
+    return results
+
+
 @check("environment")
 def environment() -> dict[str, Any]:
     import torch
@@ -744,6 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep(out, 30 if args.quick else 50)
     advice_check(out)
     tune_check(out)
+    sync_check(out)
     (out / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     print(f"\nwrote {out / 'gpu_check.json'}")
     if args.out is None:

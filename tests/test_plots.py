@@ -34,13 +34,20 @@ EXPECTED_SECTIONS = {
     "host_utilization.png": "hardware",
     "rank_step_time.png": "ranks",
     "communication.png": "communication",
+    "sync_strategy.png": "sync-strategy",
     "noise_scale.png": "noise-scale",
 }
 # The fixtures time no collectives; tests/test_report.py checks the communication plot of a real run.
 # The fixture reports predate the job timeline (report.json has no "timeline"): the recorded-run test at
 # the end draws fit_timeline.png.
-# Nor do they record gradient norms: tests/test_noise_scale.py draws noise_scale.png from a real run.
-ALL_BUT_COMM = set(EXPECTED_SECTIONS) - {"communication.png", "fit_timeline.png", "noise_scale.png"}
+# Nor do they record gradient norms: tests/test_noise_scale.py draws noise_scale.png from a real run; nor a
+# synchronisation strategy: tests/test_sync_report.py draws sync_strategy.png from real runs.
+ALL_BUT_COMM = set(EXPECTED_SECTIONS) - {
+    "communication.png",
+    "fit_timeline.png",
+    "noise_scale.png",
+    "sync_strategy.png",
+}
 CPU_PLOTS = ALL_BUT_COMM - {"gpu_utilization.png"}
 PHASE_SHARES = {"data": 0.004, "forward": 0.317, "backward": 0.618, "optimizer": 0.037, "other": 0.024}
 
@@ -765,8 +772,10 @@ def test_every_figure_of_1024_ranks_on_128_hosts_renders(
 ) -> None:
     report = {**large_report, "communication": make_communication(1024, late=517)}
     files = render_plots(report, tmp_path)
-    # A fixture: no timeline, no gradient norms.
-    check_plot_files(files, tmp_path, set(EXPECTED_SECTIONS) - {"fit_timeline.png", "noise_scale.png"})
+    # A fixture: no timeline, no gradient norms, no synchronisation strategy.
+    check_plot_files(
+        files, tmp_path, set(EXPECTED_SECTIONS) - {"fit_timeline.png", "noise_scale.png", "sync_strategy.png"}
+    )
     assert plot_warnings(caplog) == []
 
 

@@ -302,3 +302,19 @@ trainer:
     assert recorded == [recorded[0]] * 2 + [recorded[0] // 2] * 4
     (strategy,) = _events(run, "sync_strategy")
     assert strategy["label"] == "fp16 compression"
+
+
+def test_the_check_averages_the_slices_of_a_bucket_in_turn() -> None:
+    from tuneup.sync.hook import CHECK_MIN_ELEMENTS, HookState
+
+    state = HookState("powersgd", group=None, world_size=2)
+    numel = 20 * CHECK_MIN_ELEMENTS + 5  # 16 slices of 1/16th, the last one short
+    windows = []
+    for _ in range(17):
+        windows.append(state.check_window(numel))
+        state.checks_made += 1
+    length = -(-numel // 16)
+    assert windows[0] == slice(0, length) and windows[15] == slice(15 * length, numel)
+    assert windows[16] == windows[0]  # round again
+    # A small bucket is checked whole, or in slices of at least CHECK_MIN_ELEMENTS.
+    assert HookState("fp16", None, 2).check_window(1000) == slice(0, 1000)

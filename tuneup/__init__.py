@@ -24,19 +24,28 @@ if TYPE_CHECKING:
     from tuneup import plugins as plugins
     from tuneup import record as record
     from tuneup import report as report
-    from tuneup.plugins.lightning import TuneupCallback
+    from tuneup.plugins.lightning import PLTuneupDDPStrategy, TuneupCallback, TuneupDDPStrategy
 
-__all__ = ["RunRecordError", "TuneupCallback", "__version__", "load_run"]
+__all__ = [
+    "PLTuneupDDPStrategy",
+    "RunRecordError",
+    "TuneupCallback",
+    "TuneupDDPStrategy",
+    "__version__",
+    "load_run",
+]
+# The Lightning plugin's names, imported with it on first use.
+_PLUGIN_NAMES = frozenset({"TuneupCallback", "TuneupDDPStrategy", "PLTuneupDDPStrategy"})
 
 # Reachable as `tuneup.<name>` after a plain `import tuneup`, as they would be after `import tuneup.<name>`.
 _SUBPACKAGES = frozenset({"analyze", "catalog", "collect", "compare", "cost", "plugins", "record", "report"})
 
 
 def __getattr__(name: str) -> Any:
-    if name == "TuneupCallback":
-        from tuneup.plugins.lightning import TuneupCallback
+    if name in _PLUGIN_NAMES:
+        import tuneup.plugins.lightning as plugin
 
-        return TuneupCallback
+        return getattr(plugin, name)
     if name in _SUBPACKAGES:
         # import_module also binds the attribute on this package, so this runs once per name.
         return importlib.import_module(f"{__name__}.{name}")

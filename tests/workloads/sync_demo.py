@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--fault", type=float, default=None)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--no-callback", action="store_true")
     args = parser.parse_args()
 
@@ -62,7 +63,7 @@ def main() -> None:
         strategy = cls(**json.loads(args.strategy))
     callbacks = [] if args.no_callback else [TuneupCallback(dirpath=args.out / "run")]
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=args.devices,
         strategy=strategy,
         max_steps=args.steps,
@@ -87,7 +88,7 @@ def main() -> None:
     fit_s = time.perf_counter() - started
     model.eval()
     with torch.no_grad():
-        logits = model(held_out[:, :-1])
+        logits = model(held_out[:, :-1].to(model.device))
         held_out_loss = float(
             torch.nn.functional.cross_entropy(
                 logits.reshape(-1, demo.VOCAB_SIZE), held_out[:, 1:].reshape(-1)

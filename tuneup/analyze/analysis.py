@@ -24,6 +24,7 @@ from tuneup.analyze.record_events import event_findings
 from tuneup.analyze.run_info import no_steady_state, run_info, run_span, warmup
 from tuneup.analyze.slow_periods import slow_periods
 from tuneup.analyze.steady import warmup_steps
+from tuneup.analyze.sync_strategy import sync_strategy_section
 from tuneup.analyze.telemetry import run_telemetry
 from tuneup.analyze.telemetry_section import telemetry
 from tuneup.analyze.throughput import step_time, throughput
@@ -110,4 +111,5 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
         timeline=fit_timeline,
         operators=operators_section(run, {k: p.ms for k, p in steps.phases.items()}, steps.mean_ms),
         noise_scale=noise_scale_section(run, steady),
+        sync_strategy=sync_strategy_section(run, steady),
     )

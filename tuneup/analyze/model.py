@@ -547,6 +547,85 @@ class NoiseScale:
     notes: list[str]
 
 
+# -- gradient synchronisation strategy ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SyncCheck:
+    """One check of the strategy's safeguard. `step` counts the optimizer steps taken, as the strategy's
+    events do: the check at step 30 came after the 30th step (the record's step 29)."""
+
+    step: int
+    error: float | None = significant(4)  # None: not measured at this check
+    error_bound: float | None = significant(4)
+    loss: float | None = significant(6)  # mean loss of the steps since the previous check, over the ranks
+    breached: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SyncFallback:
+    """The safeguard giving up a mode: from the step after `step` (optimizer steps taken), `to_mode` runs."""
+
+    step: int
+    from_mode: str
+    to_mode: str
+    reasons: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncStrategy:
+    """What a gradient synchronisation strategy (TuneupDDPStrategy: fp16/bf16/PowerSGD compression or local
+    SGD) did in the run (tuneup/analyze/sync_strategy.py). Steps count optimizer steps taken, as the
+    strategy's events do; the strategy's phase is from `started_at` to the first fallback (`end_step`), or
+    to the end of the run.
+
+    Bytes are per rank and per optimizer step: exact is what DDP's all-reduce of every bucket sends, sent
+    is what the step records' collectives sent in the strategy's phase (local SGD's parameter averaging
+    included, the safeguard's checks not: they are `check_bytes`). Times compare the steady exact steps
+    before the start with the strategy's steps of the same run."""
+
+    label: str
+    start_step: int  # as configured: exact all-reduce for this many optimizer steps first
+    started_at: int | None  # optimizer steps taken when it started; None: the run ended before it did
+    end_step: int | None  # the first fallback's step; None: the strategy ran to the end
+    mode_at_end: str | None  # None where the run recorded no summary (it did not end cleanly)
+    steps: int | None  # optimizer steps the run took, by the strategy's count (None: no summary)
+    hierarchical: bool
+    nodes: int
+    ranks_per_node: int | None
+    error_name: str  # what the safeguard's error is: "compression error" or "parameter divergence"
+    error_meaning: str  # how it is measured, in words
+    exact_bytes_per_step: float | None = decimals(1)
+    exact_basis: str | None  # where the exact figure comes from, in words
+    strategy_steps: int  # training steps in the strategy's phase whose bytes were recorded
+    sent_bytes_per_step: float | None = decimals(1)
+    bytes_ratio: float | None = decimals(3)  # exact / sent: 2.0 is half the bytes
+    # Hierarchical runs over more than one node: the bytes of collectives that span nodes (an exact
+    # all-reduce always does); None otherwise.
+    cross_node_exact_bytes_per_step: float | None = decimals(1)
+    cross_node_sent_bytes_per_step: float | None = decimals(1)
+    cross_node_ratio: float | None = decimals(3)
+    # The strategy's own count of its bytes over the same steps (its run summary), a cross-check of the
+    # step records; None where the summary cannot give it (no summary, or a fallback to another local SGD
+    # period).
+    counted_bytes_per_step: float | None = decimals(1)
+    counted_bytes_ratio: float | None = decimals(3)  # exact / counted
+    check_bytes: int | None  # the safeguard's exact all-reduces, over the run
+    check_overhead_share: float | None = decimals(4)  # check_bytes / what the strategy's phase sent
+    # Time, means over the ranks: the steady exact steps before the start (the first, slow steps left out)
+    # against the strategy's; the counts are of training steps.
+    exact_steps_timed: int
+    strategy_steps_timed: int
+    exact_exposed_comm_ms: float | None = decimals(3)
+    strategy_exposed_comm_ms: float | None = decimals(3)
+    exact_step_ms: float | None = decimals(3)
+    strategy_step_ms: float | None = decimals(3)
+    time_saved_ms_per_step: float | None = decimals(3)  # exact_step_ms − strategy_step_ms; < 0: it cost
+    checks: list[SyncCheck]
+    fallbacks: list[SyncFallback]
+    notes: list[str]
+
+
 # -- cost --------------------------------------------------------------------------------------------
 
 
@@ -869,6 +948,7 @@ class RunAnalysis:
     operators: OperatorProfile | None = None  # only where steps were profiled
     timeline: Timeline | None = None  # None in reports written before the job timeline existed
     noise_scale: NoiseScale | None = None  # None where it was not measured (and in older reports)
+    sync_strategy: SyncStrategy | None = None  # None where the run used no TuneupDDPStrategy
 
 
 # -- JSON --------------------------------------------------------------------------------------------

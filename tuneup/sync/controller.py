@@ -96,14 +96,13 @@ class SyncController:
     def after_optimizer_step(self, optimizer: Any) -> None:
         self.step += 1
         step = self.step
-        # The step that just ended synchronised exactly; the mode starts with the next backward.
-        just_started = step == self.config.start_step and self.started_at is None
-        if just_started:
-            self._start()
-        mode = self.state.mode
-        if just_started:
-            pass
-        elif mode == "local" and self.averager is not None and self.period is not None:
+        if self.started_at is None:
+            # The exact warm-up: its checks only take the loss, the level later checks compare with.
+            if self._checking and step >= self._next_check:
+                self._check(step, None)
+            if step == self.config.start_step:
+                self._start()  # from the next backward on
+        elif self.state.mode == "local" and self.averager is not None and self.period is not None:
             key = id(optimizer)
             taken = self._optimizer_steps[key] = self._optimizer_steps.get(key, 0) + 1
             if taken % self.period == 0:
@@ -113,7 +112,7 @@ class SyncController:
                     self._check(step, divergence)
         elif self._checking and step >= self._next_check:
             error = None
-            if mode in ("fp16", "bf16", "powersgd"):
+            if self.state.mode in ("fp16", "bf16", "powersgd"):
                 error, self.state.check_error = self.state.check_error, None
             self._check(step, error)
         self.state.check_next = (

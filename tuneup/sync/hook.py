@@ -8,9 +8,9 @@ Modes (`HookState.mode`, switched only by the controller, between optimizer step
 - "local": no gradient leaves the node (local SGD): averaged among the node's ranks (hierarchical), or not
   at all.
 
-At a checked step the hook also averages one bucket exactly (a collective the probe does not count as the
-training's: the strategy reports it as the check's cost) and stores the relative error of what the mode
-gave against it.
+At a checked step the hook also averages a slice of one bucket exactly (a collective the probe does not
+count as the training's: the strategy reports it as the check's cost) and stores the relative error of
+what the mode gave for that slice against it. Buckets and slices take turns from check to check.
 
 No annotations on the hook: DDP compares them with `Future[Tensor]`, and this package's modules use
 postponed (string) annotations elsewhere.
@@ -23,6 +23,9 @@ from tuneup.collect.comm import collectives_as
 from tuneup.sync.powersgd import PowerSGD
 
 LOSSY_MODES = ("powersgd", "local")
+# The check averages a slice of one bucket exactly: a 16th of it, or this many elements if more.
+CHECK_SLICES = 16
+CHECK_MIN_ELEMENTS = 16_384
 
 
 class HookState:
@@ -49,6 +52,7 @@ class HookState:
         self.check_next = False
         self.check_bucket = 0
         self.check_error: float | None = None
+        self.checks_made = 0
         # Bytes, since the start: what an exact all-reduce of the same buckets would have sent, what the
         # modes sent, and what the checks' exact all-reduces sent.
         self.exact_bytes = 0
@@ -74,6 +78,15 @@ class HookState:
         import torch.distributed as dist
 
         dist.all_reduce(tensor, group=group if group is not None else self.group)
+
+    def check_window(self, numel: int) -> slice:
+        """The part of a bucket the next check averages exactly: one of CHECK_SLICES slices of it (at least
+        CHECK_MIN_ELEMENTS), the slices in turn. A whole bucket would cost the check as much as an exact
+        step, which is many compressed steps' worth (PowerSGD sends ~1/15 of it)."""
+        length = max(CHECK_MIN_ELEMENTS, -(-numel // CHECK_SLICES))
+        slices = -(-numel // length)
+        start = (self.checks_made % slices) * length
+        return slice(start, min(numel, start + length))
 
     def exact_average(self, flat: Any, divisor: int | None = None) -> Any:
         """`flat` averaged exactly, for the check: straight to the process group, uncounted."""
@@ -111,14 +124,15 @@ def sync_hook(state, bucket):  # type: ignore[no-untyped-def]
         state.iteration += 1
     state.exact_bytes += buf.numel() * buf.element_size()
     checked = state.check_next and index == state.check_bucket and mode not in ("exact", "local")
+    window = state.check_window(buf.numel()) if checked else slice(0, 0)
     if mode == "powersgd":
         buf.div_(state.world_size)
         # Checked against the exact average of the compressor's own input: with error feedback that is
         # the gradient plus what earlier steps left out, which the compressed average stands for.
-        exact_of = (lambda compensated: state.exact_average(compensated, 1)) if checked else None
+        exact_of = (lambda compensated: state.exact_average(compensated[window], 1)) if checked else None
         exact = state.powersgd.reduce(index, bucket, buf, state.all_reduce, exact_of)
         state.sent_bytes += state.powersgd.sent_numel(index, bucket) * buf.element_size()
-        return _done(_finish(state, buf, exact))
+        return _done(_finish(state, buf, exact, window))
     if mode == "local":
         if state.silent:
             return _done(buf)  # a local step: this rank's own gradient
@@ -132,7 +146,7 @@ def sync_hook(state, bucket):  # type: ignore[no-untyped-def]
     import torch
     import torch.distributed as dist
 
-    exact = state.exact_average(buf) if checked else None
+    exact = state.exact_average(buf[window]) if checked else None
     if mode in ("fp16", "bf16"):
         wire = buf.div_(state.world_size).to(torch.float16 if mode == "fp16" else torch.bfloat16)
     else:
@@ -144,15 +158,16 @@ def sync_hook(state, bucket):  # type: ignore[no-untyped-def]
         value = f.value()[0]
         if value is not buf:
             buf.copy_(value)
-        return _finish(state, buf, exact)
+        return _finish(state, buf, exact, window)
 
     return fut.then(averaged)
 
 
-def _finish(state: HookState, averaged: Any, exact: Any) -> Any:
+def _finish(state: HookState, averaged: Any, exact: Any, window: slice) -> Any:
     if state.fault is not None and state.mode != "exact":
         state.fault(averaged)
     if exact is not None:
-        state.check_error = relative_error(averaged, exact)
+        state.check_error = relative_error(averaged[window], exact)
         state.check_next = False
+        state.checks_made += 1
     return averaged
