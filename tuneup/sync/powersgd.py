@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuneup._log import info_once
+
 # A matrix is factored only when its factors are at least this many times smaller (torch's default).
 MIN_COMPRESSION_RATE = 2.0
 
@@ -76,6 +78,13 @@ class PowerSGD:
         layout = self._layouts.get(index)
         if layout is None or layout.numel != bucket.buffer().numel():
             layout = bucket_layout([tuple(p.shape) for p in bucket.parameters()], self.rank)
+            if not layout.matrices:
+                info_once(
+                    f"powersgd-nothing:{index}",
+                    f"PowerSGD: no gradient in DDP bucket {index} is a matrix large enough to gain from rank-"
+                    f"{self.rank} factors (at least {MIN_COMPRESSION_RATE:g}x fewer numbers); it is all-reduced "
+                    "exactly",
+                )
             self._layouts[index] = layout
             self._q.pop(index, None)
             self._residual.pop(index, None)
