@@ -735,7 +735,8 @@ def sync_check(out: Path) -> dict[str, Any]:
         summary = result["strategy"]
         # Sent against exact over the steps after the 5-step warm-up.
         warm = summary["exact_bytes"] / summary["hook_iterations"] * 5
-        ratio = (summary["exact_bytes"] - warm) / max(1.0, summary["sent_bytes"] - warm)
+        sent = summary["sent_bytes"] + summary["param_avg_bytes"]  # local SGD's averages too
+        ratio = (summary["exact_bytes"] - warm) / max(1.0, sent - warm)
         results[name] = {
             "held_out_loss": round(result["held_out_loss"], 4),
             "bytes_cut": round(ratio, 2),
