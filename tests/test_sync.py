@@ -318,3 +318,17 @@ def test_the_check_averages_the_slices_of_a_bucket_in_turn() -> None:
     assert windows[16] == windows[0]  # round again
     # A small bucket is checked whole, or in slices of at least CHECK_MIN_ELEMENTS.
     assert HookState("fp16", None, 2).check_window(1000) == slice(0, 1000)
+
+
+@pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
+def test_the_strategy_is_known_by_name_in_each_namespace(namespace: str) -> None:
+    import importlib
+
+    import tuneup.plugins.lightning  # noqa: F401  (registers the names)
+
+    trainer = importlib.import_module(namespace).Trainer(
+        strategy="tuneup_ddp_spawn", accelerator="cpu", devices=2, logger=False
+    )
+    expected = "TuneupDDPStrategy" if namespace == "lightning.pytorch" else "PLTuneupDDPStrategy"
+    assert type(trainer.strategy).__name__ == expected
+    assert trainer.strategy._start_method == "spawn" and not trainer.strategy.sync_config.active

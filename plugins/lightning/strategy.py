@@ -106,7 +106,9 @@ def _strategy_class(namespace: str, name: str) -> type:
                     rank=self.global_rank,
                     ranks_per_node=self.sync_config.ranks_per_node or self.num_processes,
                 )
-                self.sync = SyncController(self.sync_config, self.model, topology, str(dist.get_backend()))
+                self.sync = SyncController(
+                    self.sync_config, self.model, topology, str(dist.get_backend()), device=self.root_device
+                )
                 self.sync.track_parameters([p for p in self.model.parameters() if p.requires_grad])
             elif self._ddp_comm_hook is not None and self.root_device.type != "cuda":
                 # Lightning registers ddp_comm_hook on CUDA only and drops it elsewhere, silently.

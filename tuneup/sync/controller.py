@@ -26,7 +26,9 @@ MAX_BACKOFF = 8
 
 
 class SyncController:
-    def __init__(self, config: SyncConfig, ddp_model: Any, topology: Topology, backend: str) -> None:
+    def __init__(
+        self, config: SyncConfig, ddp_model: Any, topology: Topology, backend: str, device: Any = "cpu"
+    ) -> None:
         import torch.distributed as dist
 
         if config.compression == "bf16" and backend.lower() != "nccl":
@@ -72,7 +74,9 @@ class SyncController:
         self._clean_in_row = 0
         self._loss_sum: Any = 0.0
         self._loss_count = 0
-        self._device: Any = None
+        # Where the check's figures are all-reduced: the rank's own device (NCCL takes CUDA tensors only),
+        # also when no training_step returned a loss (manual optimization may return nothing).
+        self._device: Any = device
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.fallbacks: list[dict[str, Any]] = []
         self.started_at: int | None = None
@@ -91,7 +95,6 @@ class SyncController:
             return
         self._loss_sum = self._loss_sum + loss.detach().float().reshape(())
         self._loss_count += 1
-        self._device = loss.device
 
     def after_optimizer_step(self, optimizer: Any) -> None:
         self.step += 1
@@ -143,21 +146,20 @@ class SyncController:
         import torch
         import torch.distributed as dist
 
-        device = self._device if self._device is not None else "cpu"
-        loss_sum = self._loss_sum if torch.is_tensor(self._loss_sum) else torch.tensor(float(self._loss_sum))
-        values = torch.stack(
-            [
-                loss_sum.to(device, torch.float64),
-                torch.tensor(float(self._loss_count), dtype=torch.float64, device=device),
-                torch.tensor(0.0 if error is None else error, dtype=torch.float64, device=device),
-                torch.tensor(0.0 if error is None else 1.0, dtype=torch.float64, device=device),
-            ]
+        # The rank's loss sum (a tensor on its device: read here, not at every step), loss count and
+        # error, summed over the ranks in one small all-reduce.
+        measured = error is not None
+        values = torch.tensor(
+            [0.0, float(self._loss_count), error if measured else 0.0, float(measured)],
+            dtype=torch.float64,
+            device=self._device,
         )
+        values[0] += self._loss_sum.to(values) if torch.is_tensor(self._loss_sum) else float(self._loss_sum)
         dist.all_reduce(values, group=self.state.group)
-        total, count, error_sum, measured = values.tolist()
+        total, count, error_sum, errors = values.tolist()
         self._loss_sum, self._loss_count = 0.0, 0
         loss = total / count if count else None
-        error = error_sum / measured if measured else None
+        error = error_sum / errors if errors else None
         self._next_check = step + self._interval
         if self.started_at is None:
             # The exact warm-up: its losses set the level the checks after it compare with.
