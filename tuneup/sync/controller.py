@@ -9,6 +9,7 @@ all-reduced anyway).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from tuneup._log import warn_once
@@ -23,6 +24,8 @@ from tuneup.sync.safeguard import Safeguard
 # needs it less. A breached check brings the configured interval back.
 CLEAN_CHECKS_TO_BACK_OFF = 5
 MAX_BACKOFF = 8
+MAX_PENDING_EVENTS = 10_000
+MAX_HISTORY = 2_000
 
 
 class SyncController:
@@ -77,7 +80,8 @@ class SyncController:
         # Where the check's figures are all-reduced: the rank's own device (NCCL takes CUDA tensors only),
         # also when no training_step returned a loss (manual optimization may return nothing).
         self._device: Any = device
-        self.events: list[tuple[str, dict[str, Any]]] = []
+        # Drained by TuneupCallback as they come; without it, only the latest are kept.
+        self.events: deque[tuple[str, dict[str, Any]]] = deque(maxlen=MAX_PENDING_EVENTS)
         self.fallbacks: list[dict[str, Any]] = []
         self.started_at: int | None = None
         self._params: list[Any] | None = None
@@ -252,11 +256,13 @@ class SyncController:
             "checks": len(self.safeguard.checks),
             "breached_checks": sum(1 for c in self.safeguard.checks if c.breached),
             "fallbacks": list(self.fallbacks),
-            "check_history": [[c.step, c.error, c.loss] for c in self.safeguard.checks],
+            # The latest checks at full precision (the events round their figures).
+            "check_history": [[c.step, c.error, c.loss] for c in self.safeguard.checks[-MAX_HISTORY:]],
         }
 
     def take_events(self) -> list[tuple[str, dict[str, Any]]]:
-        taken, self.events = self.events, []
+        taken = list(self.events)
+        self.events.clear()
         return taken
 
 
