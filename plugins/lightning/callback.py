@@ -40,7 +40,7 @@ from tuneup.plugins.lightning.introspect import dataloader_config, model_summary
 from tuneup.plugins.lightning.run_dir_handoff import RunDirHandoff
 from tuneup.plugins.lightning.trainer_taps import TrainerTaps
 from tuneup.plugins.lightning.trial import TrialControl
-from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE, new_run_id
+from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE, RUN_MARKER_FILE, new_run_id
 from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
 from tuneup.tune.protocol import ENV_TRIAL, TrialSpec
@@ -99,6 +99,38 @@ def _check_positive(name: str, value: Any, kind: type | tuple[type, ...] = (int,
 
 def _segment_root(run_dir: Path, index: int) -> Path:
     return run_dir.parent if index > 0 else run_dir
+
+
+def _mark_run_dir(run_dir: Path, run_id: str) -> None:
+    """Rank 0 leaves a marker in the run directory before telling the other ranks where it is: a rank
+    that cannot see it is writing somewhere rank 0's record will not have."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_MARKER_FILE).write_text(run_id + "\n", encoding="utf-8")
+    except OSError as exc:  # the writer will say why it cannot write there
+        warn_once("run-marker", f"cannot mark the run directory {run_dir} ({exc.strerror or exc})")
+
+
+def _unmark_run_dir(run_dir: Path) -> None:
+    """Take the marker back from a run directory left unused, and the directory with it if it is empty."""
+    with contextlib.suppress(OSError):
+        (run_dir / RUN_MARKER_FILE).unlink()
+        run_dir.rmdir()
+
+
+def _gather_hosts(world_size: int) -> list[str] | None:
+    """Every rank's host name, by rank (one collective at setup), or None without a process group."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        hosts: list[Any] = [None] * world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        return [str(h) for h in hosts]
+    except Exception as exc:  # every rank fails alike here; the record just lacks the hosts
+        warn_once("gather-hosts", f"cannot gather the ranks' host names ({type(exc).__name__}: {exc})")
+        return None
 
 
 def _free_run_dir(base: Path) -> Path:
@@ -373,14 +405,20 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             except Exception as exc:
                 warn_once("run-dir", f"cannot choose a run directory ({type(exc).__name__}: {exc})")
             trial_text = os.environ.get(ENV_TRIAL) or None
+            if where is not None:
+                _mark_run_dir(Path(where[0]), where[1])
+        self._hosts: list[str] | None = None
         if self._world_size > 1:
             # One collective at setup, as Lightning's own loggers do; none per step. A tuning trial's
             # settings travel with it: rank 0's reading is the one decision every rank applies.
             where, trial_text = trainer.strategy.broadcast((where, trial_text), src=0)
+            self._hosts = _gather_hosts(self._world_size)
         self._start_trial(trial_text, trainer, pl_module)
         if where is None:
             self._disable("no run directory could be chosen")
             return
+        if self._rank != 0:
+            self._check_run_dir_visible(Path(where[0]))
         self.run_dir, self.run_id, self._segment = Path(where[0]), where[1], where[2]
         if self._rank == 0:
             self._handoff.publish(self.run_dir)
@@ -392,6 +430,30 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._comm.record_all = _is_sharded(trainer.strategy)
             self._comm.noise_scale = self.noise_scale and not self._comm.record_all
             self._comm.install()
+
+    def _check_run_dir_visible(self, run_dir: Path) -> None:
+        """A rank that cannot see the marker rank 0 left in the run directory writes to a directory of the
+        same name on its own disk (a node without the filesystem rank 0's node has, or a relative path
+        under another working directory): rank 0's record will miss it. Said once, with the fix."""
+        if (run_dir / RUN_MARKER_FILE).exists():
+            return
+        host = socket.gethostname()
+        host0 = self._hosts[0] if self._hosts else None
+        where = f"rank 0 (host {host0})" if host0 else "rank 0"
+        warn_once(
+            "run-dir-not-shared",
+            f"rank {self._rank} on host {host} cannot see the run directory {run_dir} that {where} chose: "
+            "this node's ranks record to their own disk, and the run's report will list them as missing. "
+            "Record to a path every node shares (a network filesystem, given as an absolute path in "
+            "dirpath= or TUNEUP_DIR), or copy this node's rank-* directories into the run directory after "
+            "the job.",
+        )
+        self._pending_events.append(
+            (
+                "run_dir_not_shared",
+                {"rank": self._rank, "host": host, "rank0_host": host0, "run_dir": str(run_dir)},
+            )
+        )
 
     def _start_trial(self, trial_text: str | None, trainer: Any, pl_module: Any) -> None:
         """Apply a `tuneup tune` trial's settings now, before the strategy wraps the model and the
@@ -462,6 +524,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 f"writable: recording as a new run in {self.run_dir}",
             )
             return
+        if self._rank == 0:
+            _unmark_run_dir(self.run_dir)  # the directory setup chose holds nothing else: no stray run
         self.run_dir, self.run_id = Path(where[0]), str(state.get("run_id"))
         if self._rank == 0:
             self._handoff.publish(self.run_dir)
@@ -832,6 +896,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             },
             "world_size": self._world_size,
             "num_nodes": int(getattr(trainer, "num_nodes", 1) or 1),
+            # Each rank's host, gathered at setup: the report names the hosts of ranks that left no record.
+            **({"hosts_by_rank": self._hosts} if self._hosts else {}),
             "trainer": trainer_config(trainer),
             "dataloader": dataloader_config(trainer),
             "model": model_summary(pl_module),

@@ -179,8 +179,9 @@ def findings(
                 "missing_ranks",
                 "warning",
                 f"{len(run.missing_ranks)} rank(s) left no record",
-                f"Rank(s) {', '.join(map(str, run.missing_ranks))} of {run.world_size} wrote nothing; "
-                "every figure covers the ranks present only.",
+                f"Rank(s) {', '.join(map(str, run.missing_ranks))} of {run.world_size} wrote nothing here"
+                + _missing_hosts(run)
+                + "; every figure covers the ranks present only.",
             )
         )
     unclosed = [r for r, s in run.status.items() if s == "not closed"]
@@ -195,6 +196,29 @@ def findings(
             )
         )
     return out
+
+
+def _missing_hosts(run: RunInfo) -> str:
+    """Where the missing ranks ran (their hosts, gathered at setup), and what a whole missing host most
+    likely means."""
+    by_host: dict[str, list[int]] = {}
+    for rank in run.missing_ranks:
+        host = run.hosts.get(str(rank))
+        if host:
+            by_host.setdefault(host, []).append(rank)
+    if not by_host:
+        return ""
+    where = "; ".join(
+        f"host {host} ran rank(s) {', '.join(map(str, ranks))}" for host, ranks in by_host.items()
+    )
+    present = {run.hosts.get(str(r)) for r in run.ranks_present}
+    if present.isdisjoint(by_host):
+        # No rank of those hosts is here: they wrote to a directory of the same name on their own disk.
+        return (
+            f" ({where}): no rank of those hosts recorded here, so they most likely wrote to their own disk. "
+            "Copy their rank-* directories into this one, or record to a path every node shares"
+        )
+    return f" ({where})"
 
 
 def _contention_findings(telemetry: Telemetry) -> list[Finding]:

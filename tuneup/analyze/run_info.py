@@ -28,6 +28,15 @@ def run_span(run: Run) -> tuple[float, float]:
     return t0, (max(ends) if ends else t0)
 
 
+def _hosts(run: Run) -> dict[str, str]:
+    """Each rank's host: its own record's, else (a rank that left none) the host rank 0 gathered at setup."""
+    gathered = run.manifest.raw.get("hosts_by_rank")
+    hosts = {}
+    if isinstance(gathered, list) and len(gathered) == run.manifest.world_size:
+        hosts = {str(r): str(h) for r, h in enumerate(gathered) if isinstance(h, str)}
+    return {**hosts, **{str(r): h for r, h in run.rank_hosts.items()}}
+
+
 def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
     m = run.manifest
     t = m.trainer
@@ -42,7 +51,7 @@ def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
         num_nodes=m.num_nodes,
         ranks_present=sorted(run.ranks),
         missing_ranks=run.missing_ranks,
-        hosts={str(r): h for r, h in run.rank_hosts.items()},
+        hosts=_hosts(run),
         namespace=t.get("namespace"),
         strategy=t.get("strategy"),
         accelerator=t.get("accelerator"),

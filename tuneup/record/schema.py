@@ -41,6 +41,9 @@ TRACE_FILE = "trace.json"
 # The environment variable that names the run directory to write, where the callback is given none
 # (`tuneup bench` sets it for each run).
 ENV_RUN_DIR = "TUNEUP_DIR"
+# Left by rank 0 in the run directory at setup; the other ranks look for it (a node that cannot see it
+# records to its own disk).
+RUN_MARKER_FILE = ".tuneup-run"
 
 # Collective kinds, named as torch.distributed names the operations.
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
