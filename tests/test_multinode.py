@@ -1,5 +1,6 @@
-"""Multi-node jobs simulated on one machine: two torchrun launches with --nnodes=2, each in its own working
-directory, which plays that node's own disk."""
+"""Where the record goes when the run directory is not a local path every rank shares: multi-node jobs
+simulated on one machine (two torchrun launches with --nnodes=2, each in its own working directory, which
+plays that node's own disk), and object-storage URLs, not recorded to yet."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import pytest
 
 from tuneup import load_run
 from tuneup.analyze.analysis import analyze_run
-
-pytestmark = pytest.mark.slow
 
 NODE_JOB = Path(__file__).resolve().parent / "workloads" / "node_job.py"
 
@@ -50,6 +49,7 @@ def _two_nodes(tmp_path: Path, namespace: str) -> list[subprocess.CompletedProce
     return done
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
 def test_a_node_that_cannot_see_the_run_directory_says_so_and_the_report_names_its_host(
     tmp_path: Path, namespace: str
@@ -71,3 +71,28 @@ def test_a_node_that_cannot_see_the_run_directory_says_so_and_the_report_names_i
         if '"run_dir_not_shared"' in e
     ]
     assert f'"rank0_host":"{host}"' in event.replace(" ", "")
+
+
+def test_an_object_storage_root_dir_records_locally_and_says_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Lightning takes fsspec URLs for default_root_dir; tuneup used to make a local directory literally
+    # named "memory:/exp/job/tuneup/...".
+    import lightning.pytorch as L
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    from tuneup import TuneupCallback
+
+    monkeypatch.chdir(tmp_path)
+    callback = TuneupCallback()
+    trainer = L.Trainer(
+        default_root_dir="memory://exp/job", max_steps=3, callbacks=[callback], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="tuneup"):
+        trainer.fit(BoringModel(), BoringDataModule())
+    assert callback.run_dir is not None
+    assert callback.run_dir.parent == tmp_path / "tuneup-runs" / "exp" / "job" / "tuneup"
+    assert len(load_run(callback.run_dir).steps(0)) == 3
+    assert not (tmp_path / "memory:").exists()
+    assert "default_root_dir memory://exp/job is on object storage" in caplog.text

@@ -260,3 +260,80 @@ def test_a_probe_past_its_timeout_is_stopped_and_says_so(
     assert run(args) == 1
     err = capfd.readouterr().err
     assert "tuneup probe-network: error: the probe ran past --timeout-s 3" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (("--nnodes", "2", "--rdzv-id", "job"), "--rdzv-endpoint"),
+        (("--nnodes", "2", "--rdzv-endpoint", "node0"), "--rdzv-endpoint"),  # no port
+        (("--nnodes", "2", "--rdzv-endpoint", "node0:29500"), "--rdzv-id"),
+        (("--nnodes", "2", "--rdzv-endpoint", "node0:29500", "--rdzv-id", "a/b"), "--rdzv-id"),
+        (("--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-id", "j", "--node-rank", "2"), "--node-rank"),
+        (("--rdzv-endpoint", "node0:29500"), "--nnodes above 1"),
+        (("--nnodes", "0"), "--nnodes"),
+    ],
+)
+def test_multi_node_options_are_checked(argv: tuple[str, ...], option: str) -> None:
+    with pytest.raises(ValueError, match=option):
+        resolve_config(parse("--backend", "gloo", *argv), gpu_count=no_gpus)
+
+
+def test_a_multi_node_probe_is_one_rendezvous_and_one_run_named_by_its_id(tmp_path: Path) -> None:
+    from tuneup.probe import _torchrun_command
+
+    argv = ("--backend", "gloo", "--nnodes", "2", "--rdzv-endpoint", "node0:29500", "--rdzv-id", "job7")
+    config = resolve_config(parse(*argv, "--out", str(tmp_path / "p")), gpu_count=no_gpus)
+    command = _torchrun_command(config)
+    assert command[3:13] == [
+        "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29500", "--rdzv-id", "job7",
+        "--nproc-per-node", "2",
+    ]  # fmt: skip
+    assert config.run_id == "probe-job7" and "--standalone" not in command
+    # The second node may find the first one's record begun: the same run, not another one.
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "manifest.json").write_text('{"run_id": "probe-job7"}')
+    assert (
+        resolve_config(parse(*argv, "--out", str(tmp_path / "p")), gpu_count=no_gpus).run_id == "probe-job7"
+    )
+    (tmp_path / "p" / "manifest.json").write_text('{"run_id": "probe-other"}')
+    with pytest.raises(ValueError, match="already holds a run"):
+        resolve_config(parse(*argv, "--out", str(tmp_path / "p")), gpu_count=no_gpus)
+    # Every rank's shard of a gather or scatter must be whole over all the nodes' ranks: 4 x 4 bytes.
+    with pytest.raises(ValueError, match="at least 16"):
+        resolve_config(parse(*argv, "--min-bytes", "8"), gpu_count=no_gpus)
+
+
+@pytest.mark.slow
+def test_two_launches_with_nnodes_2_record_one_run_with_both_nodes_fitted_apart(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "probe"
+    command = [
+        sys.executable, "-m", "tuneup", "probe-network", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", "two-nodes", "--out", str(out), "--nproc", "2", "--backend", "gloo",
+        "--collectives", "all_reduce", "--min-bytes", "64K", "--max-bytes", "256K", "--iters", "3",
+    ]  # fmt: skip
+    launches = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=240) for p in launches]
+    assert [p.returncode for p in launches] == [0, 0], outputs
+    run_ = load_run(out)
+    assert run_.world_size == 4 and sorted(run_.ranks) == [0, 1, 2, 3] and run_.manifest.num_nodes == 2
+    nodes = run_.manifest.raw["nodes"]
+    assert sorted(r for n in nodes.values() for r in n["ranks"]) == [0, 1, 2, 3] and len(nodes) == 2
+    assert {run_.ranks[r].info.node_rank for r in run_.ranks} == {0, 1}
+    for rank in run_.ranks.values():
+        scopes = {(c.scope, c.world_size) for c in rank.collectives}
+        assert scopes == {(None, 4), ("node", 2)}
+        per_scope = {s: sum(c.scope == s for c in rank.collectives) for s in (None, "node")}
+        assert per_scope == {None: 3 * 3, "node": 3 * 3}  # 3 sizes x 3 iterations, each
+    printed = outputs[0][0] + outputs[1][0]
+    assert (
+        "# all_reduce across 2 nodes (4 ranks)" in printed
+        and "# all_reduce within each node (2 ranks)" in printed
+    )

@@ -124,6 +124,12 @@ class ProbeConfig:
     out_dir: Path
     run_id: str
     timeout_s: float
+    # A multi-node probe: torchrun's rendezvous. Every node runs the same command (same --rdzv-id and
+    # --out) and records into one run; nnodes 1 is the single-node (--standalone) probe.
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
 
     def worker_args(self) -> list[str]:
         return [
@@ -195,6 +201,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_TIMEOUT_S,
         help="stop the probe after this many seconds (default: %(default)s)",
+    )
+    # torchrun's multi-node rendezvous, under its own names: run the same command on every node.
+    parser.add_argument(
+        "--nnodes", type=int, default=1, help="nodes taking part (default: 1, this node alone)"
+    )
+    parser.add_argument(
+        "--node-rank", type=int, default=None, help="this node's rank (default: assigned by the rendezvous)"
+    )
+    parser.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        help="HOST:PORT every node can reach, where the nodes meet (with --nnodes above 1: the first node's)",
+    )
+    parser.add_argument(
+        "--rdzv-id",
+        default=None,
+        help="the job's id, the same on every node; it names the run (with --nnodes above 1)",
     )
 
 
@@ -273,7 +296,8 @@ def resolve_config(args: argparse.Namespace, gpu_count: Callable[[], int] = _gpu
             )
 
     splits = any(c in ("all_gather", "reduce_scatter") for c in collectives)
-    quantum = ITEMSIZE_BYTES * (nproc if splits else 1)
+    nnodes = args.nnodes if isinstance(args.nnodes, int) and args.nnodes > 0 else 1
+    quantum = ITEMSIZE_BYTES * (nproc * nnodes if splits else 1)
     if min_bytes < quantum:
         raise ValueError(
             f"--min-bytes {min_bytes} is too small: each of {nproc} rank(s) needs at least one {DTYPE} "
@@ -281,11 +305,13 @@ def resolve_config(args: argparse.Namespace, gpu_count: Callable[[], int] = _gpu
         )
     sizes = size_ladder(min_bytes, max_bytes, factor, quantum)
 
-    run_id = new_run_id("probe")
+    nnodes, node_rank, endpoint, rdzv_id = _rendezvous(args)
+    # Every node must name the same run: the rendezvous id does, where there is one.
+    run_id = f"probe-{rdzv_id}" if rdzv_id else new_run_id("probe")
     out_dir = Path(args.out) if args.out else Path("reports") / "probe" / run_id
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file; give a directory")
-    if out_dir.is_dir() and ((out_dir / "manifest.json").exists() or any(out_dir.glob("rank-*"))):
+    if out_dir.is_dir() and _holds_another_run(out_dir, run_id if nnodes > 1 else None):
         # Two runs in one directory would mix their records.
         raise ValueError(f"--out {out_dir} already holds a run; give a new directory")
     return ProbeConfig(
@@ -296,20 +322,68 @@ def resolve_config(args: argparse.Namespace, gpu_count: Callable[[], int] = _gpu
         iters=iters,
         warmup=warmup,
         out_dir=out_dir,
-        run_id=out_dir.name if args.out else run_id,
+        run_id=run_id if rdzv_id or not args.out else out_dir.name,
         timeout_s=float(timeout_s),
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=endpoint,
+        rdzv_id=rdzv_id,
     )
+
+
+def _rendezvous(args: argparse.Namespace) -> tuple[int, int | None, str | None, str | None]:
+    """(nnodes, node rank, rendezvous endpoint, rendezvous id), checked."""
+    nnodes = _positive_int(args.nnodes, "--nnodes")
+    node_rank = args.node_rank
+    if node_rank is not None and not (isinstance(node_rank, int) and 0 <= node_rank < nnodes):
+        raise ValueError(f"--node-rank must be from 0 to {nnodes - 1} (--nnodes {nnodes}), got {node_rank!r}")
+    endpoint, rdzv_id = args.rdzv_endpoint, args.rdzv_id
+    if nnodes == 1:
+        if endpoint or rdzv_id or node_rank:
+            raise ValueError("--rdzv-endpoint, --rdzv-id and --node-rank are for --nnodes above 1")
+        return 1, None, None, None
+    if not endpoint or not re.fullmatch(r"[^\s:]+:\d+", str(endpoint)):
+        raise ValueError(
+            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, where the nodes meet (an address of the "
+            f"first node that every node can reach), got {endpoint!r}"
+        )
+    if not rdzv_id or not re.fullmatch(r"[A-Za-z0-9_.-]+", str(rdzv_id)):
+        raise ValueError(
+            f"--nnodes {nnodes} needs --rdzv-id, the same on every node (letters, digits, . _ -): it names "
+            f"the run every node records into, got {rdzv_id!r}"
+        )
+    return nnodes, node_rank, str(endpoint), str(rdzv_id)
+
+
+def _holds_another_run(out_dir: Path, run_id: str | None) -> bool:
+    """Whether `out_dir` holds a run other than `run_id` (None: any run at all). The nodes of one
+    multi-node probe record into one directory, and one of them may have started writing already."""
+    manifest = out_dir / "manifest.json"
+    if run_id is not None:
+        from tuneup.record.segments import existing_manifest
+
+        earlier = existing_manifest(out_dir)
+        return manifest.exists() and (earlier is None or earlier.get("run_id") != run_id)
+    return manifest.exists() or any(out_dir.glob("rank-*"))
 
 
 # -- the launcher ----------------------------------------------------------------------------------
 
 
 def _torchrun_command(config: ProbeConfig) -> list[str]:
+    if config.nnodes == 1:
+        where = ["--standalone"]
+    else:
+        where = [
+            "--nnodes", str(config.nnodes), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", str(config.rdzv_endpoint), "--rdzv-id", str(config.rdzv_id),
+            *(["--node-rank", str(config.node_rank)] if config.node_rank is not None else []),
+        ]  # fmt: skip
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *where,
         "--nproc-per-node",
         str(config.nproc),
         "-m",
@@ -368,12 +442,18 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ValueError(f"--out {config.out_dir}: cannot create it ({exc.strerror or exc})") from None
     print(
-        f"probing {', '.join(config.collectives)} on {config.nproc} rank(s) over {config.backend}: "
+        f"probing {', '.join(config.collectives)} on {config.nproc} rank(s)"
+        + (
+            f" on each of {config.nnodes} nodes (rendezvous {config.rdzv_endpoint})"
+            if config.nnodes > 1
+            else ""
+        )
+        + f" over {config.backend}: "
         f"{len(config.sizes_bytes)} sizes from {format_bytes(config.sizes_bytes[0])} to "
         f"{format_bytes(config.sizes_bytes[-1])}, {config.warmup} warm-up + {config.iters} timed iterations each",
         flush=True,
     )
-    if config.nproc == 1:
+    if config.nproc == 1 and config.nnodes == 1:
         print("note: with 1 rank no data crosses any link; the times are local copies only", flush=True)
     code = launch(config)
     if code != 0:
@@ -433,23 +513,38 @@ def probe_points(records: Sequence[CollectiveRecord], kind: str) -> list[tuple[i
 
 
 def format_probe(run: Run) -> str:
-    """The nccl-tests-like table and the α/β fit of every collective of a probe run, from its record."""
-    from tuneup.analyze.interconnect import GB, algbw_bytes_per_s, busbw_bytes_per_s, fit_alpha_beta
-
+    """The nccl-tests-like table and the α/β fit of every collective of a probe run, from its record: over
+    every rank, and, where a multi-node probe also timed them, within each node, fitted apart."""
     probe = run.manifest.raw.get("probe") or {}
     world_size = run.world_size
     records = probe_records(run)
     dtype = probe.get("dtype", DTYPE)
-    itemsize = ITEMSIZE_BYTES if dtype == DTYPE else None
+    nodes = run.manifest.num_nodes
     lines = [
-        f"# {run.run_id}: {probe.get('backend', '?')}, {world_size} rank(s), {dtype}, "
-        f"{probe.get('iters', '?')} timed iterations per size on every rank",
+        f"# {run.run_id}: {probe.get('backend', '?')}, {world_size} rank(s)"
+        + (f" on {nodes} nodes" if nodes > 1 else "")
+        + f", {dtype}, {probe.get('iters', '?')} timed iterations per size on every rank",
         "# time: lower quartile over every rank's iterations (host clock, barrier before each; other work "
         "on the machine only adds time); algbw = size / time; busbw = algbw x bus factor",
     ]
+    across = [r for r in records if r.scope is None]
+    within = [r for r in records if r.scope == "node"]
+    where = f" across {nodes} nodes ({world_size} ranks)" if nodes > 1 else ""
+    lines += _probe_tables(across, world_size, dtype, where)
+    if within:
+        ranks = within[0].world_size or 1
+        lines += _probe_tables(within, ranks, dtype, f" within each node ({ranks} ranks)")
+    return "\n".join(lines)
+
+
+def _probe_tables(records: Sequence[CollectiveRecord], ranks: int, dtype: str, where: str) -> list[str]:
+    from tuneup.analyze.interconnect import GB, algbw_bytes_per_s, busbw_bytes_per_s, fit_alpha_beta
+
+    itemsize = ITEMSIZE_BYTES if dtype == DTYPE else None
+    lines: list[str] = []
     for kind in [k for k in COLLECTIVES if any(r.kind == k for r in records)]:
         lines.append("")
-        lines.append(f"# {kind}")
+        lines.append(f"# {kind}{where}")
         lines.append(
             f"#{'size (B)':>13} {'count (elem)':>13} {'type':>8} {'time (us)':>11} "
             f"{'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'samples':>8}"
@@ -458,17 +553,17 @@ def format_probe(run: Run) -> str:
         for size, seconds, n in points:
             count = str(size // itemsize) if itemsize else "?"
             algbw = algbw_bytes_per_s(size, seconds) / GB if seconds > 0 else None
-            busbw = busbw_bytes_per_s(kind, world_size, size, seconds) / GB if seconds > 0 else None
+            busbw = busbw_bytes_per_s(kind, ranks, size, seconds) / GB if seconds > 0 else None
             lines.append(
                 f"{size:>14} {count:>13} {dtype:>8} {seconds * 1e6:>11.1f} {_gbps(algbw):>13} {_gbps(busbw):>13} {n:>8}"
             )
         try:
-            fit = fit_alpha_beta([(size, seconds) for size, seconds, _ in points], kind, world_size)
+            fit = fit_alpha_beta([(size, seconds) for size, seconds, _ in points], kind, ranks)
         except ValueError as exc:
             lines.append(f"# no alpha-beta fit: {exc}")
             continue
         lines.extend(f"# {line}" for line in describe_fit(fit))
-    return "\n".join(lines)
+    return lines
 
 
 def _gbps(value: float | None) -> str:
@@ -522,9 +617,14 @@ def _worker_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _make_collective(kind: str, size_bytes: int, world_size: int, device: Any) -> Callable[[], None]:
-    """A call that runs one `kind` collective of `size_bytes` (nccl-tests' size: the full buffer; the
-    per-rank shard is 1/world of it for all_gather's input and reduce_scatter's output)."""
+def _make_collective(
+    kind: str, size_bytes: int, world_size: int, device: Any, group: Any = None
+) -> Callable[[], None]:
+    """A call that runs one `kind` collective of `size_bytes` over `group` of `world_size` ranks (None:
+    all of them). The size is nccl-tests': the full buffer; the per-rank shard is 1/world of it for
+    all_gather's input and reduce_scatter's output."""
+    import functools
+
     import torch
     import torch.distributed as dist
 
@@ -532,19 +632,19 @@ def _make_collective(kind: str, size_bytes: int, world_size: int, device: Any) -
     # Zeros: values do not change the time, and repeated sums of zeros can never overflow to inf.
     if kind == "all_reduce":
         buffer = torch.zeros(count, dtype=torch.float32, device=device)
-        return lambda: dist.all_reduce(buffer)
+        return lambda: dist.all_reduce(buffer, group=group)
     # torch 2.13 names the tensor forms all_gather_single / reduce_scatter_single and deprecates the
     # older *_into_tensor / *_tensor names; use whichever this torch has, without the warning.
     if kind == "all_gather":
         shard = torch.zeros(count // world_size, dtype=torch.float32, device=device)
         gathered = torch.zeros(count, dtype=torch.float32, device=device)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        return lambda: gather(gathered, shard)
+        return functools.partial(gather, gathered, shard, group=group)
     if kind == "reduce_scatter":
         full = torch.zeros(count, dtype=torch.float32, device=device)
         shard = torch.zeros(count // world_size, dtype=torch.float32, device=device)
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        return lambda: scatter(shard, full)
+        return functools.partial(scatter, shard, full, group=group)
     raise ValueError(f"unknown collective {kind!r}")
 
 
@@ -589,16 +689,17 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
         dist.destroy_process_group()
 
 
-def _write_probe_manifest(args: argparse.Namespace, world_size: int, on_cuda: bool) -> None:
+def _write_probe_manifest(args: argparse.Namespace, world_size: int, on_cuda: bool, nodes: _Nodes) -> None:
     from tuneup.collect.environment import capture_environment
     from tuneup.record import write_manifest
 
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     manifest: dict[str, Any] = {
         "run_id": args.run_id,
         "created_unix": round(time.time(), 3),
         "world_size": world_size,
-        "num_nodes": max(1, world_size // max(1, local_world_size)),
+        "num_nodes": len(nodes.ranks),
+        # Which ranks each node ran, and on which host: the probe's intra- and inter-node figures.
+        "nodes": {str(n): {"host": nodes.hosts[n], "ranks": r} for n, r in sorted(nodes.ranks.items())},
         "probe": {
             "backend": args.backend,
             "collectives": args.collectives.split(","),
@@ -618,6 +719,37 @@ def _write_probe_manifest(args: argparse.Namespace, world_size: int, on_cuda: bo
     write_manifest(args.out, manifest)
 
 
+@dataclass
+class _Nodes:
+    """The job's nodes (torchrun's GROUP_RANK), their ranks and hosts, and this rank's node group."""
+
+    ranks: dict[int, list[int]]
+    hosts: dict[int, str]
+    group: Any = None  # this node's process group, where the job spans nodes and the node holds 2 ranks+
+    group_size: int = 1
+
+
+def _nodes(rank: int, world_size: int) -> _Nodes:
+    import torch.distributed as dist
+
+    mine = (int(os.environ.get("GROUP_RANK", "0")), socket.gethostname())
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, mine)
+    ranks: dict[int, list[int]] = {}
+    hosts: dict[int, str] = {}
+    for r, (node, host) in enumerate(every):
+        ranks.setdefault(int(node), []).append(r)
+        hosts[int(node)] = str(host)
+    nodes = _Nodes(ranks, hosts)
+    if len(ranks) > 1:
+        # Every rank creates every node's group, in one order, as new_group requires.
+        for node in sorted(ranks):
+            group = dist.new_group(ranks[node])
+            if rank in ranks[node]:
+                nodes.group, nodes.group_size = group, len(ranks[node])
+    return nodes
+
+
 def _record_probe(args: argparse.Namespace, device: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -626,6 +758,7 @@ def _record_probe(args: argparse.Namespace, device: Any) -> None:
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     on_cuda = device.type == "cuda"
+    nodes = _nodes(rank, world_size)
     writer = RankWriter(args.out, rank)
     writer.open(
         {
@@ -640,7 +773,7 @@ def _record_probe(args: argparse.Namespace, device: Any) -> None:
         }
     )
     if rank == 0:
-        _write_probe_manifest(args, world_size, on_cuda)
+        _write_probe_manifest(args, world_size, on_cuda, nodes)
 
     def sync() -> None:
         # A benchmark, not training: waiting for the device here is the point. NCCL calls return once
@@ -649,12 +782,33 @@ def _record_probe(args: argparse.Namespace, device: Any) -> None:
             torch.cuda.synchronize(device)
 
     sizes = [int(s) for s in args.sizes.split(",")]
-    iteration = 0
+    # Over every rank; then, where the job spans nodes with several ranks on each, within each node too
+    # (scope "node"), so that the link between nodes and the one inside a node are fitted apart.
+    iteration = _time_collectives(args, writer, sizes, device, sync, None, world_size, None, 0)
+    if nodes.group is not None and nodes.group_size > 1:
+        _time_collectives(args, writer, sizes, device, sync, nodes.group, nodes.group_size, "node", iteration)
+    writer.close(status="completed")
+
+
+def _time_collectives(
+    args: argparse.Namespace,
+    writer: Any,
+    sizes: list[int],
+    device: Any,
+    sync: Callable[[], None],
+    group: Any,
+    group_size: int,
+    scope: str | None,
+    iteration: int,
+) -> int:
+    """Time every collective at every size over `group` (None: every rank); returns the next iteration."""
+    import torch.distributed as dist
+
     for kind in args.collectives.split(","):
-        collectives = [_make_collective(kind, size, world_size, device) for size in sizes]
+        collectives = [_make_collective(kind, size, group_size, device, group) for size in sizes]
         for collective in collectives:
             for _ in range(args.warmup):
-                dist.barrier()
+                dist.barrier(group=group)
                 collective()
                 sync()
         for round_index in range(args.iters):
@@ -662,30 +816,31 @@ def _record_probe(args: argparse.Namespace, device: Any) -> None:
                 # The barrier lines the ranks up, so that a rank's time is the collective's, not its
                 # wait for a rank that started late. The sync after it makes t0 follow the barrier's
                 # kernel on a GPU, not its launch.
-                dist.barrier()
+                dist.barrier(group=group)
                 sync()
                 t0 = time.perf_counter()
                 collectives[i]()
                 sync()
                 t1 = time.perf_counter()
-                writer.add_collective(
-                    {
-                        "step": iteration,
-                        "kind": kind,
-                        # nccl-tests' size, as CollectiveRecord.bytes is defined: the gathered
-                        # output of an all-gather, the input of a reduce-scatter, never a shard.
-                        "bytes": sizes[i],
-                        "duration_ms": (t1 - t0) * 1e3,
-                        "dtype": DTYPE,
-                        "world_size": world_size,
-                        "source": "probe",
-                    }
-                )
+                record = {
+                    "step": iteration,
+                    "kind": kind,
+                    # nccl-tests' size, as CollectiveRecord.bytes is defined: the gathered output of an
+                    # all-gather, the input of a reduce-scatter, never a shard.
+                    "bytes": sizes[i],
+                    "duration_ms": (t1 - t0) * 1e3,
+                    "dtype": DTYPE,
+                    "world_size": group_size,
+                    "source": "probe",
+                }
+                if scope is not None:
+                    record["scope"] = scope
+                writer.add_collective(record)
                 iteration += 1
             # Between rounds, never inside the timed loop: writing a file is not part of a collective.
             writer.flush()
         del collectives
-    writer.close(status="completed")
+    return iteration
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import socket
 import sys
 import time
@@ -99,6 +100,30 @@ def _check_positive(name: str, value: Any, kind: type | tuple[type, ...] = (int,
 
 def _segment_root(run_dir: Path, index: int) -> Path:
     return run_dir.parent if index > 0 else run_dir
+
+
+# A URL's scheme: "s3://", "gs://", "abfs://"; a Path made of one keeps a single slash ("s3:/bucket"). Two
+# letters at least, so that a Windows drive ("C:/") is a path.
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
+
+
+def _local_path(location: Any, what: str) -> Path:
+    """`location` as a local directory. Object storage (an fsspec URL, which Lightning takes for
+    default_root_dir) is not recorded to yet: rather than a local directory named "s3:/bucket/...", the
+    run goes under ./tuneup-runs/ in the working directory, and it says so once."""
+    text = os.fspath(location)
+    match = _URL.match(text)
+    if match is None:
+        return Path(text)
+    if match.group(1).lower() == "file":
+        return Path("/" + text[len("file:") :].lstrip("/"))  # file:///a/b and file:/a/b are /a/b
+    local = Path.cwd() / "tuneup-runs" / Path(text[match.end() :].lstrip("/"))
+    warn_once(
+        f"url-run-dir:{text}",
+        f"{what} {text} is on object storage, which tuneup cannot record to yet: the run record goes to "
+        f"{local} on this node instead (copy it there after the job, or give dirpath= a shared local path)",
+    )
+    return local
 
 
 def _mark_run_dir(run_dir: Path, run_id: str) -> None:
@@ -471,9 +496,16 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         run_id = new_run_id()
         elastic_id, restarts = elastic_identity()
         # `tuneup bench` gives each run its directory through the environment; an explicit dirpath wins.
-        dirpath = self.dirpath or (Path(os.environ[ENV_RUN_DIR]) if os.environ.get(ENV_RUN_DIR) else None)
+        dirpath = (
+            _local_path(self.dirpath, "dirpath")
+            if self.dirpath is not None
+            else _local_path(os.environ[ENV_RUN_DIR], ENV_RUN_DIR)
+            if os.environ.get(ENV_RUN_DIR)
+            else None
+        )
+        root = _local_path(trainer.default_root_dir, "default_root_dir")
         if dirpath is None and elastic_id is not None:
-            dirpath = Path(trainer.default_root_dir) / "tuneup" / f"elastic-{elastic_id}"
+            dirpath = root / "tuneup" / f"elastic-{elastic_id}"
         if dirpath is not None and elastic_id is not None:
             earlier = existing_manifest(dirpath)
             if earlier is not None and earlier.get("elastic_run_id") == elastic_id:
@@ -485,7 +517,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             # A directory the user named ("run", "exp42") is not an id: the id names this run anywhere.
             run_id = f"{run_dir.name}-{run_id}"
         else:
-            run_dir = Path(trainer.default_root_dir) / "tuneup" / run_id
+            run_dir = root / "tuneup" / run_id
         return str(run_dir), run_id, None
 
     # -- resuming from a checkpoint: the next segment of the same run ---------------------------------

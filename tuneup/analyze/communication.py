@@ -58,7 +58,9 @@ def _late_rank(per_rank: list[RankComm]) -> LateRank | None:
 def _fits(records: list[CollectiveRecord], world_size: int) -> list[CollectiveFit]:
     by_kind: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for c in records:
-        if c.bytes > 0 and c.duration_ms > 0:
+        # Collectives over every rank only: a subgroup's (one node's, one rank per node's) run over another
+        # link with another ring, and would bend one line through both.
+        if c.bytes > 0 and c.duration_ms > 0 and c.scope is None:
             by_kind[c.kind].append((c.bytes, c.duration_ms / 1000.0))
     out = []
     for kind, samples in sorted(by_kind.items()):
