@@ -70,12 +70,14 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
     advise.set_defaults(func=run)
 
 
-def _load(path: Path, usage_error: type[Exception]) -> Any:
+def _load(path: str | Path, usage_error: type[Exception]) -> Any:
     from tuneup.analyze.model import AnalysisFormatError, from_json
     from tuneup.record import RunRecordError
+    from tuneup.record.remote import is_url
     from tuneup.report import ReportError, analyze
 
-    if path.is_file() and path.suffix == ".json":
+    if not is_url(path) and Path(path).is_file() and Path(path).suffix == ".json":
+        path = Path(path)
         try:
             return from_json(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, AnalysisFormatError) as exc:
@@ -106,7 +108,7 @@ def _options(args: argparse.Namespace, usage_error: type[Exception]) -> AdviceOp
             raise usage_error(str(exc)) from None
     fits = None
     if args.link:
-        probe = _load(Path(args.link), usage_error)
+        probe = _load(args.link, usage_error)
         if probe.communication is None or not probe.communication.fits:
             raise usage_error(
                 f"{args.link} has no link fit; pass a run written by `tuneup probe-network` (or a multi-rank run)"
@@ -128,7 +130,7 @@ def _options(args: argparse.Namespace, usage_error: type[Exception]) -> AdviceOp
 def cmd_advise(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     from tuneup.advise import AdviceInputError, ModelError, advise
 
-    analyses = [_load(Path(p), usage_error) for p in args.runs]
+    analyses = [_load(p, usage_error) for p in args.runs]
     options = _options(args, usage_error)
     try:
         result = advise(analyses, options)

@@ -77,11 +77,16 @@ def runs_under(path: Path, depth: int = RUN_SEARCH_DEPTH) -> list[Path]:
     return found
 
 
-def resolve_run_dir(path: Path, command: str) -> Path:
+def resolve_run_dir(path: str | Path, command: str) -> str | Path:
     """The run a RUN_DIR argument names: `path` itself when it is a run (or is no directory at all,
-    which load_run then explains); else the one run under it, said on stderr. UsageError names the runs
-    when there are several."""
+    which load_run then explains, or a URL on object storage, which load_run reads); else the one run
+    under it, said on stderr. UsageError names the runs when there are several."""
+    from tuneup.record.remote import is_url
     from tuneup.record.schema import MANIFEST_FILE
+
+    if is_url(path):
+        return str(path)
+    path = Path(path)
 
     if not path.is_dir() or (path / MANIFEST_FILE).is_file():
         return path
@@ -99,7 +104,7 @@ def resolve_run_dir(path: Path, command: str) -> Path:
     )
 
 
-def format_summary(run_dir: Path, cost: CostOptions | None = None) -> str:
+def format_summary(run_dir: str | Path, cost: CostOptions | None = None) -> str:
     """The headline figures, findings and warnings of a run, for the terminal; `cost` prices it."""
     from tuneup.report import analyze
     from tuneup.report.terminal import render_terminal
@@ -172,7 +177,9 @@ def cost_options(args: argparse.Namespace) -> CostOptions | None:
     return options if options != CostOptions() else None
 
 
-def _write_report(run_dir: Path, out_dir: Path | None, formats: str, cost: CostOptions | None = None) -> int:
+def _write_report(
+    run_dir: str | Path, out_dir: Path | None, formats: str, cost: CostOptions | None = None
+) -> int:
     from tuneup.record import RunRecordError
     from tuneup.report import ReportError, write_report
 
@@ -218,7 +225,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if is_tune_dir(Path(args.run_dir)):
         return _write_tune_report(Path(args.run_dir), Path(args.out) if args.out else None, args.format)
     return _write_report(
-        resolve_run_dir(Path(args.run_dir), args.command),
+        resolve_run_dir(args.run_dir, args.command),
         Path(args.out) if args.out else None,
         args.format,
         cost_options(args),
@@ -309,7 +316,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from tuneup.report import ReportError
 
     cost = cost_options(args)
-    run_dir = resolve_run_dir(Path(args.run_dir), args.command)
+    run_dir = resolve_run_dir(args.run_dir, args.command)
     try:
         print(format_summary(run_dir, cost))
     except (RunRecordError, ReportError) as exc:

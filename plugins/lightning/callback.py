@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import socket
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,6 +41,8 @@ from tuneup.plugins.lightning.introspect import dataloader_config, model_summary
 from tuneup.plugins.lightning.run_dir_handoff import RunDirHandoff
 from tuneup.plugins.lightning.trainer_taps import TrainerTaps
 from tuneup.plugins.lightning.trial import TrialControl
+from tuneup.record.remote import Mirror, is_url, join_url, put_text, spool_dir
+from tuneup.record.remote import exists as remote_exists
 from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE, RUN_MARKER_FILE, new_run_id
 from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
@@ -102,43 +104,56 @@ def _segment_root(run_dir: Path, index: int) -> Path:
     return run_dir.parent if index > 0 else run_dir
 
 
-# A URL's scheme: "s3://", "gs://", "abfs://"; a Path made of one keeps a single slash ("s3:/bucket"). Two
-# letters at least, so that a Windows drive ("C:/") is a path.
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
-
-
-def _local_path(location: Any, what: str) -> Path:
-    """`location` as a local directory. Object storage (an fsspec URL, which Lightning takes for
-    default_root_dir) is not recorded to yet: rather than a local directory named "s3:/bucket/...", the
-    run goes under ./tuneup-runs/ in the working directory, and it says so once."""
-    text = os.fspath(location)
-    match = _URL.match(text)
-    if match is None:
-        return Path(text)
-    if match.group(1).lower() == "file":
-        return Path("/" + text[len("file:") :].lstrip("/"))  # file:///a/b and file:/a/b are /a/b
-    local = Path.cwd() / "tuneup-runs" / Path(text[match.end() :].lstrip("/"))
-    warn_once(
-        f"url-run-dir:{text}",
-        f"{what} {text} is on object storage, which tuneup cannot record to yet: the run record goes to "
-        f"{local} on this node instead (copy it there after the job, or give dirpath= a shared local path)",
-    )
-    return local
-
-
-def _mark_run_dir(run_dir: Path, run_id: str) -> None:
+def _mark_run_dir(run_dir: str, run_id: str) -> None:
     """Rank 0 leaves a marker in the run directory before telling the other ranks where it is: a rank
     that cannot see it is writing somewhere rank 0's record will not have."""
+
+    def mark() -> None:
+        if is_url(run_dir):
+            put_text(join_url(run_dir, RUN_MARKER_FILE), run_id + "\n")
+            return
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / RUN_MARKER_FILE).write_text(run_id + "\n", encoding="utf-8")
+
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / RUN_MARKER_FILE).write_text(run_id + "\n", encoding="utf-8")
-    except OSError as exc:  # the writer will say why it cannot write there
-        warn_once("run-marker", f"cannot mark the run directory {run_dir} ({exc.strerror or exc})")
+        _bounded(mark, MARKER_TIMEOUT_S, default=None, raise_errors=True)
+    except Exception as exc:  # the writer (or the upload) will say why it cannot write there
+        warn_once("run-marker", f"cannot mark the run directory {run_dir} ({type(exc).__name__}: {exc})")
+
+
+def _marked(run_dir: str) -> bool:
+    if is_url(run_dir):
+        return remote_exists(join_url(run_dir, RUN_MARKER_FILE))
+    return (Path(run_dir) / RUN_MARKER_FILE).exists()
+
+
+# An unreachable store must not hold the setup for long: the marker's put and check wait this long at most.
+MARKER_TIMEOUT_S = 20.0
+
+
+def _bounded(fn: Callable[[], Any], timeout_s: float, default: Any, raise_errors: bool = False) -> Any:
+    """fn() on a thread of its own, waited for at most timeout_s: `default` after that (or on an error,
+    unless raise_errors)."""
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="tuneup-bounded", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if errors and raise_errors:
+        raise errors[0]
+    return result[0] if result else default
 
 
 def _unmark_run_dir(run_dir: Path) -> None:
     """Take the marker back from a run directory left unused, and the directory with it if it is empty."""
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # a spool holds no marker: nothing to take back
         (run_dir / RUN_MARKER_FILE).unlink()
         run_dir.rmdir()
 
@@ -288,6 +303,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             )
         except ValueError as exc:
             raise ValueError(str(exc).replace("RecordingPolicy.", "TuneupCallback(") + "") from None
+        # As given: a URL made into a Path loses a slash ("s3:/bucket").
+        self._dirpath_text = os.fspath(dirpath) if dirpath is not None else None
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.telemetry_interval_s = float(telemetry_interval_s)
         self.counter = BatchCounter(batch_size_fn, tokens_fn)
@@ -375,6 +392,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._peak_mem_bytes: int | None = None
         self._drainer: Drainer | None = None
         self._comm: CommProbe | None = None
+        self._url: str | None = None  # the run directory, where it is on object storage
+        self._mirror: Mirror | None = None  # uploads the spool to it
         self._sync_events: Callable[[], list[tuple[str, dict[str, Any]]]] | None = None
         self._sync_summary: Callable[[], dict[str, Any] | None] | None = None
         self._segment: dict[str, Any] | None = None  # None: the run's first segment
@@ -416,6 +435,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._closed, self._peak_mem_bytes, self._flops_done = False, None, False
             self._segment = None
             self._pending_events = []
+            self._url, self._mirror = None, None
         # The fit as this rank sees it starts here: after the process group is up and data is prepared.
         self._fit_times = {"fit_start_unix": time.time(), **_process_start()}
         self._trainer = trainer
@@ -431,7 +451,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 warn_once("run-dir", f"cannot choose a run directory ({type(exc).__name__}: {exc})")
             trial_text = os.environ.get(ENV_TRIAL) or None
             if where is not None:
-                _mark_run_dir(Path(where[0]), where[1])
+                _mark_run_dir(where[0], where[1])
         self._hosts: list[str] | None = None
         if self._world_size > 1:
             # One collective at setup, as Lightning's own loggers do; none per step. A tuning trial's
@@ -443,8 +463,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._disable("no run directory could be chosen")
             return
         if self._rank != 0:
-            self._check_run_dir_visible(Path(where[0]))
-        self.run_dir, self.run_id, self._segment = Path(where[0]), where[1], where[2]
+            self._check_run_dir_visible(where[0])
+        self.run_id, self._segment = where[1], where[2]
+        self._url = where[0] if is_url(where[0]) else None
+        # A run on object storage is written to a local spool and uploaded from there (record/remote.py).
+        self.run_dir = spool_dir(self.run_id) if self._url else Path(where[0])
         if self._rank == 0:
             self._handoff.publish(self.run_dir)
         self._writer = RankWriter(self.run_dir, self._rank, self.policy)
@@ -456,11 +479,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._comm.noise_scale = self.noise_scale and not self._comm.record_all
             self._comm.install()
 
-    def _check_run_dir_visible(self, run_dir: Path) -> None:
+    def _check_run_dir_visible(self, run_dir: str) -> None:
         """A rank that cannot see the marker rank 0 left in the run directory writes to a directory of the
         same name on its own disk (a node without the filesystem rank 0's node has, or a relative path
         under another working directory): rank 0's record will miss it. Said once, with the fix."""
-        if (run_dir / RUN_MARKER_FILE).exists():
+        if _bounded(lambda: _marked(run_dir), MARKER_TIMEOUT_S, default=False):
             return
         host = socket.gethostname()
         host0 = self._hosts[0] if self._hosts else None
@@ -470,8 +493,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             f"rank {self._rank} on host {host} cannot see the run directory {run_dir} that {where} chose: "
             "this node's ranks record to their own disk, and the run's report will list them as missing. "
             "Record to a path every node shares (a network filesystem, given as an absolute path in "
-            "dirpath= or TUNEUP_DIR), or copy this node's rank-* directories into the run directory after "
-            "the job.",
+            "dirpath= or TUNEUP_DIR) or to object storage (an s3://, gs://... URL), or copy this node's "
+            "rank-* directories into the run directory after the job.",
         )
         self._pending_events.append(
             (
@@ -496,14 +519,20 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         run_id = new_run_id()
         elastic_id, restarts = elastic_identity()
         # `tuneup bench` gives each run its directory through the environment; an explicit dirpath wins.
-        dirpath = (
-            _local_path(self.dirpath, "dirpath")
-            if self.dirpath is not None
-            else _local_path(os.environ[ENV_RUN_DIR], ENV_RUN_DIR)
-            if os.environ.get(ENV_RUN_DIR)
-            else None
-        )
-        root = _local_path(trainer.default_root_dir, "default_root_dir")
+        named = self._dirpath_text or os.environ.get(ENV_RUN_DIR) or None
+        root_text = str(trainer.default_root_dir)
+        if is_url(named) or (named is None and is_url(root_text)):
+            # Object storage: a new run every time (a torchrun restart or a resumed fit starts another).
+            if named is not None:
+                url = (
+                    named
+                    if not remote_exists(join_url(named, MANIFEST_FILE))
+                    else f"{named.rstrip('/')}-{run_id}"
+                )
+                return url, f"{url.rstrip('/').rpartition('/')[2]}-{run_id}", None
+            return join_url(root_text, "tuneup", run_id), run_id, None
+        dirpath = Path(named) if named is not None else None
+        root = Path(root_text)
         if dirpath is None and elastic_id is not None:
             dirpath = root / "tuneup" / f"elastic-{elastic_id}"
         if dirpath is not None and elastic_id is not None:
@@ -597,6 +626,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._pending_events = []
         if self._rank == 0:
             self._write_manifest(trainer, pl_module)
+        self._start_mirror()
         self._start_sampler(trainer)
         self._wire_ddp_hook(trainer)
         # TuneupDDPStrategy's events (its start, checks, fallbacks), recorded as they happen.
@@ -680,6 +710,24 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             self._writer.add_event(kind, **fields)
         else:
             self._pending_events.append((kind, fields))
+
+    def _start_mirror(self) -> None:
+        """Object storage: this rank's files (and rank 0's manifest) go up from the spool, off the
+        training thread, every flush interval (tuneup.record.remote)."""
+        if self._url is None or self.run_dir is None or self._mirror is not None:
+            return
+        paths = [f"rank-{self._rank}"] + ([MANIFEST_FILE, RUN_MARKER_FILE] if self._rank == 0 else [])
+        try:
+            self._mirror = Mirror(self.run_dir, self._url, paths, interval_s=self.policy.flush_every_s)
+            self._mirror.start()
+            if self._writer is not None:
+                self._writer.after_flush = self._mirror.wake  # each flush goes up as its own chunks
+        except Exception as exc:  # a missing fsspec backend: the spool keeps the record
+            warn_once(
+                "mirror",
+                f"cannot upload the run record to {self._url} ({type(exc).__name__}: {exc}); it stays in "
+                f"{self.run_dir}",
+            )
 
     def _record_sync_events(self) -> None:
         if self._sync_events is None or self._writer is None:
@@ -1221,6 +1269,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 # The fit's teardown (strategy teardown, on_fit_end) follows on_train_end: its end is the
                 # fit's, which the job timeline needs.
                 self._writer.amend_info(fit_end_unix=round(time.time(), 3))
+                if self._mirror is not None:
+                    _bounded(self._mirror.sync, MARKER_TIMEOUT_S, default=False)
                 if was_closed and self._rank == 0:
                     self._closing_line()
         except Exception as exc:
@@ -1230,8 +1280,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         # Printed, not logged: Python shows no INFO record unless the user configured logging, and this
         # one line is how a user learns where the record went.
         if self.run_dir is not None and first_time(f"wrote:{self.run_dir}"):
+            where = self._url or self.run_dir
+            spool = f" (local copy: {self.run_dir})" if self._url else ""
             print(
-                f"tuneup: run record written to {self.run_dir}; report it with: tuneup report {self.run_dir}",
+                f"tuneup: run record written to {where}{spool}; report it with: tuneup report {where}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -1279,6 +1331,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 optimizer_steps_at_end=self._seen_global_step,
                 **times,
             )
+            if self._mirror is not None:
+                self._mirror.close()  # the last upload, bounded
             if self._rank == 0 and status != "completed":
                 self._closing_line()  # no teardown may follow an exception
 

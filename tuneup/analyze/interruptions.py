@@ -82,7 +82,7 @@ def _segment(run: Run, step_ms: float | None) -> Segment:
         reason=info.get("reason", "start"),
         restart_count=info.get("restart_count"),
         checkpoint=info.get("checkpoint"),
-        path=str(run.path),
+        path=run.location,
         world_size=run.world_size,
         first_step=min((s.step for s in steps), default=None),
         last_step=max((s.step for s in steps), default=None),

@@ -46,7 +46,7 @@ def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
     accumulate = t.get("accumulate_grad_batches") or 1
     return RunInfo(
         run_id=m.run_id,
-        path=str(run.path),
+        path=run.location,
         world_size=m.world_size,
         num_nodes=m.num_nodes,
         ranks_present=sorted(run.ranks),

@@ -116,7 +116,7 @@ def summarize_run(run: Run, analysis: RunAnalysis | None = None) -> RunSummary:
     samples_per_usd = analysis.cost.figures.samples_per_usd if analysis.cost is not None else None
     return RunSummary(
         run_id=run.run_id,
-        path=str(run.path),
+        path=run.location,
         throughput=throughput,
         throughput_unit=unit,
         step_time_ms=analysis.step_time.mean_ms,
@@ -154,12 +154,20 @@ class Side:
         return self.runs[0].fingerprint if self.runs else {}
 
 
-def _load_one(path: Path) -> RunSummary:
+def _load_one(path: str | Path) -> RunSummary:
     return summarize_run(load_run(path))
 
 
 def load_side(path: str | Path) -> Side:
-    """A run directory, a directory of run directories, or a baseline file; CompareInputError otherwise."""
+    """A run directory (or a run's URL on object storage), a directory of run directories, or a baseline
+    file; CompareInputError otherwise."""
+    from tuneup.record.remote import is_url
+
+    if is_url(path):
+        try:
+            return Side(str(path), "run", (_load_one(str(path)),))
+        except RunRecordError as exc:
+            raise CompareInputError(str(exc)) from None
     p = Path(path)
     if not p.exists():
         raise CompareInputError(

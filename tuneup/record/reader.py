@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tuneup._gc import cyclic_gc_paused
+from tuneup.record.remote import is_url
 from tuneup.record.schema import (
     COLLECTIVE_KINDS,
     COLLECTIVES_FILE,
@@ -819,6 +820,28 @@ def _not_a_run(path: Path) -> RunRecordError:
     )
 
 
+def _load_url(url: str) -> Run:
+    """A run on object storage (tuneup.record.remote), read through a local copy of it."""
+    import atexit
+    import shutil
+
+    from tuneup.record.remote import materialize
+
+    try:
+        local = materialize(url)
+    except FileNotFoundError:
+        raise RunRecordError(
+            f"{url} holds nothing; pass the run's URL as TuneupCallback printed it"
+        ) from None
+    except Exception as exc:  # a missing backend, no credentials, no network: one line, named
+        raise RunRecordError(f"cannot read {url}: {exc}") from None
+    # Kept while this process runs: a resumed run's segments are read from it later.
+    atexit.register(shutil.rmtree, local, True)
+    run = load_run(local)
+    run.url = url
+    return run
+
+
 def load_run(path: str | os.PathLike[str]) -> Run:
     """Load the run directory at `path`.
 
@@ -826,6 +849,8 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     readable run of a schema this tuneup understands. Missing ranks, unclosed ranks and damaged lines do
     not raise: they are listed in `Run.missing_ranks` and `Run.warnings`.
     """
+    if is_url(path):
+        return _load_url(str(path))
     run_dir = Path(path)
     if not run_dir.exists():
         raise RunRecordError(

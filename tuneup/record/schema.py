@@ -224,10 +224,17 @@ class Run:
     ranks: dict[int, RankRecord]
     missing_ranks: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Where it was read from when that is a URL (object storage); `path` is then its local copy.
+    url: str | None = None
 
     @property
     def run_id(self) -> str:
         return self.manifest.run_id
+
+    @property
+    def location(self) -> str:
+        """Where the run is, as the user named it: its URL, or its directory."""
+        return self.url or str(self.path)
 
     @property
     def world_size(self) -> int:

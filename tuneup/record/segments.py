@@ -72,9 +72,11 @@ def load_segments(path: str | os.PathLike[str]) -> list[Run]:
     read is left out with a warning on the first, so one damaged segment never hides the others.
     """
     from tuneup.record.reader import RunRecordError, load_run
+    from tuneup.record.remote import is_url
 
-    root = Path(path)
-    first = load_run(root)
+    first = load_run(path)
+    # A run on object storage is read through a local copy, segments and all (load_run makes it).
+    root = first.path if is_url(path) else Path(path)
     runs = [first]
     for index in segment_indices(root):
         if index == 0:

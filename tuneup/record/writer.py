@@ -17,7 +17,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -266,6 +266,8 @@ class RankWriter:
         self._info: dict[str, Any] = {}
         self.usable = True
         self.closed = False
+        # Called after each flush (a run on object storage wakes its uploader: record/remote.py).
+        self.after_flush: Callable[[], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -376,6 +378,8 @@ class RankWriter:
         self._collectives.flush()
         self._steps_since_flush = 0
         self._last_flush = time.monotonic()
+        if self.after_flush is not None:
+            self.after_flush()
 
     def _emit_window(self) -> None:
         if self._window.count:
