@@ -10,7 +10,8 @@ Arms:
     throughput   + Lightning's ThroughputMonitor alone, for reference
     tu-timed     + TuneupCallback() with its per-step hooks wrapped in a clock: the time inside them
                  (kept off the tuneup arm, which the wrapper would slow by a few us a step)
-    --arms adds: monitors (ThroughputMonitor and DeviceStatsMonitor, with a no-op logger),
+    --arms adds: monitors (ThroughputMonitor and DeviceStatsMonitor, with a no-op logger), tu-memory
+                 (tuneup recording to a memory:// URL: the spool and the upload thread),
                  lightning-aa (the baseline again: the method's noise floor), empty (a Callback with no
                  hooks: what Lightning's dispatch of one more callback costs), tu-* (tuneup with one
                  default option off, to find where its cost is)
@@ -105,6 +106,9 @@ TUNEUP_VARIANTS: dict[str, dict[str, Any]] = {
     # process without accumulation it computes nothing, and this arm checks that it costs nothing either.
     "tu-nogns": {"noise_scale": False},
 }
+# tuneup recording to object storage: memory:// (fsspec's in-process store), so the arm measures the
+# spool and the upload thread's own cost, not a network's.
+UPLOAD = "tu-memory"
 AA = "lightning-aa"  # the baseline again, as an arm: an A/A check of the method's noise floor
 EMPTY = "empty"  # a Callback with no hooks: what Lightning's dispatch of one more callback costs
 
@@ -133,7 +137,7 @@ TUNEUP_PARTS_OFF: dict[str, Callable[[Any], None]] = {
     "tu-notaps": _without_taps,
     "tu-nowrite": _without_writing,
 }
-EXTRA_ARMS = (MONITORS, AA, EMPTY, *TUNEUP_VARIANTS, *TUNEUP_PARTS_OFF)
+EXTRA_ARMS = (MONITORS, AA, EMPTY, UPLOAD, *TUNEUP_VARIANTS, *TUNEUP_PARTS_OFF)
 
 
 # -- workload ----------------------------------------------------------------------------------------
@@ -359,6 +363,8 @@ def arm_callbacks(arm: str, run_dir: Path) -> tuple[list[Any], Any]:
         return [], False
     if arm in (TUNEUP, TIMED):
         return [TuneupCallback(dirpath=run_dir)], False
+    if arm == UPLOAD:
+        return [TuneupCallback(dirpath=f"memory://overhead/{run_dir.name}")], False
     if arm in TUNEUP_VARIANTS:
         return [TuneupCallback(dirpath=run_dir, **TUNEUP_VARIANTS[arm])], False
     if arm in TUNEUP_PARTS_OFF:

@@ -28,7 +28,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _two_nodes(tmp_path: Path, namespace: str) -> list[subprocess.CompletedProcess[str]]:
+def _two_nodes(tmp_path: Path, namespace: str, *dirpath: str) -> list[subprocess.CompletedProcess[str]]:
     port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     procs = []
@@ -38,6 +38,7 @@ def _two_nodes(tmp_path: Path, namespace: str) -> list[subprocess.CompletedProce
         command = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
             "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}", str(NODE_JOB), namespace,
+            *dirpath,
         ]  # fmt: skip
         procs.append(
             subprocess.Popen(
@@ -54,7 +55,7 @@ def _two_nodes(tmp_path: Path, namespace: str) -> list[subprocess.CompletedProce
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
+@pytest.mark.parametrize("namespace", ["pytorch_lightning"])  # lightning.pytorch: the S3 two-node test
 def test_a_node_that_cannot_see_the_run_directory_says_so_and_the_report_names_its_host(
     tmp_path: Path, namespace: str
 ) -> None:
@@ -291,3 +292,13 @@ def test_an_s3_server_stopped_mid_run_never_fails_training_and_the_spool_keeps_i
     assert f"the whole record stays in {spool}" in err
     run = load_run(spool)
     assert [s.step for s in run.steps(0)] == list(range(120)) and run.ranks[0].info.closed
+
+
+@pytest.mark.slow
+def test_the_same_two_node_job_recording_to_s3_gives_one_complete_record(tmp_path: Path, s3: str) -> None:
+    url = f"{s3}/two-nodes"
+    node0, node1 = _two_nodes(tmp_path, "lightning.pytorch", url)
+    assert "cannot see the run directory" not in node0.stderr + node1.stderr
+    run = load_run(url)
+    assert sorted(run.ranks) == [0, 1] and not run.missing_ranks
+    assert all(len(run.steps(r)) == 6 for r in (0, 1))

@@ -205,8 +205,10 @@ def test_a_faulty_compressor_trips_the_safeguard_which_falls_back_and_says_so(tm
     # After the fallback every step all-reduces exactly again.
     recorded = [s.comm_bytes for s in run.steps(0)]
     assert recorded[fallback["step"] :] == [recorded[0]] * (60 - fallback["step"])
-    assert run.ranks[1].events == [] or _events(run, "sync_fallback") == [
-        e for e in run.ranks[1].events if e["kind"] == "sync_fallback"
+    # Every rank fell back at the same step, for the same reasons (or the ranks would have hung).
+    on_rank1 = [e for e in run.ranks[1].events if e["kind"] == "sync_fallback"]
+    assert [{k: v for k, v in e.items() if k != "t"} for e in on_rank1] == [
+        {k: v for k, v in fallback.items() if k != "t"}
     ]
 
 

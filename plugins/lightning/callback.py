@@ -524,11 +524,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if is_url(named) or (named is None and is_url(root_text)):
             # Object storage: a new run every time (a torchrun restart or a resumed fit starts another).
             if named is not None:
-                url = (
-                    named
-                    if not remote_exists(join_url(named, MANIFEST_FILE))
-                    else f"{named.rstrip('/')}-{run_id}"
+                # Never two runs in one place; a store that does not answer in time is taken as free.
+                taken = _bounded(
+                    lambda: remote_exists(join_url(named, MANIFEST_FILE)), MARKER_TIMEOUT_S, False
                 )
+                url = f"{named.rstrip('/')}-{run_id}" if taken else named
                 return url, f"{url.rstrip('/').rpartition('/')[2]}-{run_id}", None
             return join_url(root_text, "tuneup", run_id), run_id, None
         dirpath = Path(named) if named is not None else None

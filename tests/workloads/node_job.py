@@ -1,6 +1,7 @@
 """One "node" of a multi-node job simulated on one machine: launched by torchrun (`--nnodes=2
 --node-rank=N`), one rank per node, recording to the *relative* run directory "run", so that each node's
-working directory plays its own disk: `python -m torch.distributed.run ... node_job.py NAMESPACE`."""
+working directory plays its own disk, or to the run directory given (a URL on object storage):
+`python -m torch.distributed.run ... node_job.py NAMESPACE [DIRPATH]`."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def main() -> None:
         num_nodes=2,
         strategy="ddp",
         max_steps=6,
-        callbacks=[TuneupCallback(dirpath="run")],
+        callbacks=[TuneupCallback(dirpath=sys.argv[2] if len(sys.argv) > 2 else "run")],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
