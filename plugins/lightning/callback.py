@@ -566,8 +566,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         """Move this fit's record into the next segment of the run its checkpoint came from."""
         state = self._resumed_from
         self._resumed_from = None
-        if state is None or self.run_dir is None:
-            return
+        if state is None or self.run_dir is None or self._url is not None:
+            return  # a run on object storage records a resumed fit as a new run
         root = Path(state["run_root"])
         here = _segment_root(self.run_dir, int((self._segment or {}).get("index", 0)))
         if here == root:
