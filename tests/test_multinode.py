@@ -302,3 +302,28 @@ def test_the_same_two_node_job_recording_to_s3_gives_one_complete_record(tmp_pat
     run = load_run(url)
     assert sorted(run.ranks) == [0, 1] and not run.missing_ranks
     assert all(len(run.steps(r)) == 6 for r in (0, 1))
+
+
+def test_compare_reads_a_run_and_a_baseline_file_on_object_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fsspec
+    import lightning.pytorch as L
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    from tuneup import TuneupCallback
+    from tuneup.compare.runs import baseline_document, load_side
+
+    monkeypatch.setenv("TUNEUP_SPOOL", str(tmp_path / "spool"))
+    callback = TuneupCallback(dirpath="memory://compare-bucket/run")
+    L.Trainer(
+        max_steps=8, callbacks=[callback], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", default_root_dir=str(tmp_path),
+    ).fit(BoringModel(), BoringDataModule())  # fmt: skip
+    run_side = load_side("memory://compare-bucket/run")
+    assert (run_side.kind, run_side.label, len(run_side.runs)) == ("run", "memory://compare-bucket/run", 1)
+    document = baseline_document(run_side.runs)
+    fsspec.filesystem("memory").pipe_file("/compare-bucket/baseline.json", json.dumps(document).encode())
+    baseline = load_side("memory://compare-bucket/baseline.json")
+    assert baseline.kind == "baseline file" and baseline.label == "memory://compare-bucket/baseline.json"
+    assert [r.run_id for r in baseline.runs] == [run_side.runs[0].run_id]

@@ -164,10 +164,7 @@ def load_side(path: str | Path) -> Side:
     from tuneup.record.remote import is_url
 
     if is_url(path):
-        try:
-            return Side(str(path), "run", (_load_one(str(path)),))
-        except RunRecordError as exc:
-            raise CompareInputError(str(exc)) from None
+        return _load_url_side(str(path))
     p = Path(path)
     if not p.exists():
         raise CompareInputError(
@@ -220,6 +217,29 @@ def baseline_document(runs: Sequence[RunSummary], *, created: str | None = None)
         "fingerprint": runs[0].fingerprint if runs else {},
         "runs": [{k: v for k, v in r.as_dict().items() if k != "fingerprint"} for r in runs],
     }
+
+
+def _load_url_side(url: str) -> Side:
+    """A run's URL on object storage, or a baseline file's (a .json object)."""
+    if url.endswith(".json"):
+        import tempfile
+
+        from tuneup.record.remote import filesystem
+
+        try:
+            fs, where = filesystem(url)
+            data = fs.cat_file(where)
+        except Exception as exc:  # a missing backend, no such object, no credentials: one line
+            raise CompareInputError(f"{url}: cannot read it ({type(exc).__name__}: {exc})") from None
+        with tempfile.TemporaryDirectory() as scratch:
+            local = Path(scratch) / "baseline.json"
+            local.write_bytes(data)
+            side = load_baseline(local)
+        return Side(url, side.kind, side.runs)
+    try:
+        return Side(url, "run", (_load_one(url),))
+    except RunRecordError as exc:
+        raise CompareInputError(str(exc)) from None
 
 
 def load_baseline(path: Path) -> Side:
