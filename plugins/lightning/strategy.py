@@ -109,7 +109,6 @@ def _strategy_class(namespace: str, name: str) -> type:
                 self.sync = SyncController(
                     self.sync_config, self.model, topology, str(dist.get_backend()), device=self.root_device
                 )
-                self.sync.track_parameters([p for p in self.model.parameters() if p.requires_grad])
             elif self._ddp_comm_hook is not None and self.root_device.type != "cuda":
                 # Lightning registers ddp_comm_hook on CUDA only and drops it elsewhere, silently.
                 hook = self._ddp_comm_hook

@@ -15,7 +15,7 @@ from typing import Any
 from tuneup._log import warn_once
 from tuneup.sync.averaging import ParameterAverager, Topology, make_groups
 from tuneup.sync.config import SyncConfig
-from tuneup.sync.hook import HookState, sync_hook
+from tuneup.sync.hook import COMPRESSED_MODES, HookState, sync_hook
 from tuneup.sync.powersgd import PowerSGD
 from tuneup.sync.safeguard import Safeguard
 
@@ -84,7 +84,8 @@ class SyncController:
         self.events: deque[tuple[str, dict[str, Any]]] = deque(maxlen=MAX_PENDING_EVENTS)
         self.fallbacks: list[dict[str, Any]] = []
         self.started_at: int | None = None
-        self._params: list[Any] | None = None
+        # Every trainable parameter, for the averages that end local steps (a fallback, the end of training).
+        self._params = [p for p in ddp_model.parameters() if p.requires_grad]
         ddp_model.register_comm_hook(self.state, sync_hook)
         self.events.append(("sync_strategy", self.describe()))
         if config.start_step == 0:
@@ -119,13 +120,11 @@ class SyncController:
                     self._check(step, divergence)
         elif self._checking and step >= self._next_check:
             error = None
-            if self.state.mode in ("fp16", "bf16", "powersgd"):
+            if self.state.mode in COMPRESSED_MODES:
                 error, self.state.check_error = self.state.check_error, None
             self._check(step, error)
         self.state.check_next = (
-            self._checking
-            and self.state.mode in ("fp16", "bf16", "powersgd")
-            and step + 1 >= self._next_check
+            self._checking and self.state.mode in COMPRESSED_MODES and step + 1 >= self._next_check
         )
 
     @property
@@ -164,10 +163,10 @@ class SyncController:
         self._loss_sum, self._loss_count = 0.0, 0
         loss = total / count if count else None
         error = error_sum / errors if errors else None
-        self._next_check = step + self._interval
         if self.started_at is None:
             # The exact warm-up: its losses set the level the checks after it compare with.
             self.safeguard.observe_loss_only(loss)
+            self._next_check = step + self._interval
             return
         check = self.safeguard.observe(step, error, loss)
         self.events.append(("sync_check", check.to_dict()))
@@ -180,8 +179,6 @@ class SyncController:
                 self._clean_in_row = 0
                 self._interval = min(self._interval * 2, self.config.check_every_n_steps * MAX_BACKOFF)
         self._next_check = step + self._interval
-        if self.state.num_buckets:
-            self.state.check_bucket = len(self.safeguard.checks) % self.state.num_buckets
         if check.fall_back:
             self._fall_back(step, check.reasons)
 
@@ -206,9 +203,8 @@ class SyncController:
         )
 
     def _average_all_parameters(self) -> None:
-        if self.averager is None or self._params is None:
-            return
-        self.averager.average(self._params, measure=False)
+        if self.averager is not None:
+            self.averager.average(self._params, measure=False)
 
     def finish(self) -> None:
         """At the end of training: make the ranks' parameters one again if local steps left them apart."""
@@ -216,10 +212,6 @@ class SyncController:
             # (After TuneupCallback has closed its record: Lightning calls the callbacks' on_train_end
             # before the strategy's.)
             self._average_all_parameters()
-
-    def track_parameters(self, params: list[Any]) -> None:
-        """The model's trainable parameters, for the averaging a fallback from local SGD makes."""
-        self._params = params
 
     # -- what it did -----------------------------------------------------------------------------------
 

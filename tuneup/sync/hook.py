@@ -22,6 +22,7 @@ from typing import Any
 from tuneup.collect.comm import collectives_as
 from tuneup.sync.powersgd import PowerSGD
 
+COMPRESSED_MODES = ("fp16", "bf16", "powersgd")  # the modes a check compares with an exact average
 LOSSY_MODES = ("powersgd", "local")
 # The check averages a slice of one bucket exactly: a 16th of it, or this many elements if more.
 CHECK_SLICES = 16
@@ -50,9 +51,8 @@ class HookState:
         self.num_buckets = 0
         # The check: set before a backward, answered by it.
         self.check_next = False
-        self.check_bucket = 0
         self.check_error: float | None = None
-        self.checks_made = 0
+        self.checks_made = 0  # the buckets, then each bucket's slices, take turns by it
         # Bytes, since the start: what an exact all-reduce of the same buckets would have sent, what the
         # modes sent, and what the checks' exact all-reduces sent.
         self.exact_bytes = 0
@@ -72,12 +72,17 @@ class HookState:
         probe, which then records no collective rather than guess one."""
         return self.mode == "local" and (self.node_group is None or self.node_size <= 1)
 
-    def all_reduce(self, tensor: Any, group: Any = None) -> None:
-        """Sum `tensor` over `group` (the model's), in place, through torch.distributed (the probe counts
-        it); returns when it is done."""
+    def all_reduce(self, tensor: Any) -> None:
+        """Sum `tensor` over the model's group, in place, through torch.distributed (the probe counts it);
+        returns when it is done."""
         import torch.distributed as dist
 
-        dist.all_reduce(tensor, group=group if group is not None else self.group)
+        dist.all_reduce(tensor, group=self.group)
+
+    @property
+    def check_bucket(self) -> int:
+        """The bucket the next check takes (each in turn; bucket 0 until the first backward counted them)."""
+        return self.checks_made % max(1, self.num_buckets)
 
     def check_window(self, numel: int) -> slice:
         """The part of a bucket the next check averages exactly: one of CHECK_SLICES slices of it (at least
@@ -85,7 +90,8 @@ class HookState:
         step, which is many compressed steps' worth (PowerSGD sends ~1/15 of it)."""
         length = max(CHECK_MIN_ELEMENTS, -(-numel // CHECK_SLICES))
         slices = -(-numel // length)
-        start = (self.checks_made % slices) * length
+        # This bucket's own turn: with the buckets alternating, every slice of each comes round.
+        start = (self.checks_made // max(1, self.num_buckets) % slices) * length
         return slice(start, min(numel, start + length))
 
     def exact_average(self, flat: Any, divisor: int | None = None) -> Any:
@@ -123,7 +129,7 @@ def sync_hook(state, bucket):  # type: ignore[no-untyped-def]
         state.num_buckets = max(state.num_buckets, index + 1)
         state.iteration += 1
     state.exact_bytes += buf.numel() * buf.element_size()
-    checked = state.check_next and index == state.check_bucket and mode not in ("exact", "local")
+    checked = state.check_next and index == state.check_bucket and mode in COMPRESSED_MODES
     window = state.check_window(buf.numel()) if checked else slice(0, 0)
     if mode == "powersgd":
         buf.div_(state.world_size)
