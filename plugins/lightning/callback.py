@@ -21,7 +21,6 @@ import functools
 import os
 import socket
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from tuneup.plugins.lightning.introspect import dataloader_config, model_summary
 from tuneup.plugins.lightning.run_dir_handoff import RunDirHandoff
 from tuneup.plugins.lightning.trainer_taps import TrainerTaps
 from tuneup.plugins.lightning.trial import TrialControl
-from tuneup.record.remote import Mirror, is_url, join_url, put_text, spool_dir
+from tuneup.record.remote import Mirror, bounded, is_url, join_url, put_text, spool_dir
 from tuneup.record.remote import exists as remote_exists
 from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE, RUN_MARKER_FILE, new_run_id
 from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
@@ -116,7 +115,7 @@ def _mark_run_dir(run_dir: str, run_id: str) -> None:
         (Path(run_dir) / RUN_MARKER_FILE).write_text(run_id + "\n", encoding="utf-8")
 
     try:
-        _bounded(mark, MARKER_TIMEOUT_S, default=None, raise_errors=True)
+        bounded(mark, MARKER_TIMEOUT_S, default=None, raise_errors=True)
     except Exception as exc:  # the writer (or the upload) will say why it cannot write there
         warn_once("run-marker", f"cannot mark the run directory {run_dir} ({type(exc).__name__}: {exc})")
 
@@ -129,26 +128,6 @@ def _marked(run_dir: str) -> bool:
 
 # An unreachable store must not hold the setup for long: the marker's put and check wait this long at most.
 MARKER_TIMEOUT_S = 20.0
-
-
-def _bounded(fn: Callable[[], Any], timeout_s: float, default: Any, raise_errors: bool = False) -> Any:
-    """fn() on a thread of its own, waited for at most timeout_s: `default` after that (or on an error,
-    unless raise_errors)."""
-    result: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="tuneup-bounded", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if errors and raise_errors:
-        raise errors[0]
-    return result[0] if result else default
 
 
 def _unmark_run_dir(run_dir: Path) -> None:
@@ -483,7 +462,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         """A rank that cannot see the marker rank 0 left in the run directory writes to a directory of the
         same name on its own disk (a node without the filesystem rank 0's node has, or a relative path
         under another working directory): rank 0's record will miss it. Said once, with the fix."""
-        if _bounded(lambda: _marked(run_dir), MARKER_TIMEOUT_S, default=False):
+        if bounded(lambda: _marked(run_dir), MARKER_TIMEOUT_S, default=False):
             return
         host = socket.gethostname()
         host0 = self._hosts[0] if self._hosts else None
@@ -525,7 +504,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             # Object storage: a new run every time (a torchrun restart or a resumed fit starts another).
             if named is not None:
                 # Never two runs in one place; a store that does not answer in time is taken as free.
-                taken = _bounded(
+                taken = bounded(
                     lambda: remote_exists(join_url(named, MANIFEST_FILE)), MARKER_TIMEOUT_S, False
                 )
                 url = f"{named.rstrip('/')}-{run_id}" if taken else named
@@ -1270,7 +1249,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 # fit's, which the job timeline needs.
                 self._writer.amend_info(fit_end_unix=round(time.time(), 3))
                 if self._mirror is not None:
-                    _bounded(self._mirror.sync, MARKER_TIMEOUT_S, default=False)
+                    bounded(self._mirror.sync, MARKER_TIMEOUT_S, default=False)
                 if was_closed and self._rank == 0:
                     self._closing_line()
         except Exception as exc:

@@ -26,6 +26,7 @@ import re
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,10 +125,7 @@ class Mirror:
         if self.stopped or self._failed_syncs:
             self._give_up(self._last_error or "the store failed")
             return
-        final = threading.Thread(target=self.sync, name="tuneup-mirror-close", daemon=True)
-        final.start()
-        final.join(timeout=max(0.0, deadline - time.monotonic()))
-        if final.is_alive():
+        if bounded(self.sync, max(0.0, deadline - time.monotonic()), default=None) is None:
             self._give_up(f"the last upload did not finish in {self.close_timeout_s:g} s")
 
     def _give_up(self, why: str) -> None:
@@ -205,6 +203,26 @@ class Mirror:
         self.fs.pipe_file(f"{self.root}/{rel}", data)
         self._stamps[rel] = stamp
         self.uploaded_bytes += len(data)
+
+
+def bounded(fn: Callable[[], Any], timeout_s: float, default: Any, raise_errors: bool = False) -> Any:
+    """fn() on a thread of its own, waited for at most timeout_s: `default` after that (or on an error,
+    unless raise_errors). For calls to a store that may not answer, which must not hold training."""
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="tuneup-bounded", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if errors and raise_errors:
+        raise errors[0]
+    return result[0] if result else default
 
 
 def exists(url: str) -> bool:
