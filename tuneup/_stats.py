@@ -4,6 +4,7 @@ report's figures (report.json rounds them at the edge: tuneup/analyze/model.py).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 
@@ -14,6 +15,11 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def mean(values: Sequence[float]) -> float | None:
+    """The mean of `values`, or None (not measured) when there are none."""
+    return statistics.fmean(values) if values else None
 
 
 def number(value: object) -> float | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from tuneup._stats import finite
+from tuneup._stats import finite, mean
 from tuneup.analyze.interconnect import GB, collective_table, fit_alpha_beta, link_verdict
 from tuneup.analyze.model import (
     BucketTime,
@@ -28,10 +28,6 @@ from tuneup.record.schema import CollectiveRecord, Run, StepRecord
 # A rank whose collectives take under this share of the others' median arrives late at them.
 LATE_ARRIVAL_RATIO = 0.5
 LATE_ARRIVAL_MIN_MS = 1.0
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
 
 
 def _late_rank(per_rank: list[RankComm]) -> LateRank | None:
@@ -94,10 +90,10 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Comm
             RankComm(
                 rank=rank,
                 steps_with_comm=len(timed),
-                comm_ms=finite(_mean([s.comm_ms for s in timed])),  # type: ignore[misc]
-                exposed_ms=finite(_mean([s.comm_exposed_ms for s in timed if s.comm_exposed_ms is not None])),
-                bytes_per_step=finite(_mean([s.comm_bytes for s in timed if s.comm_bytes is not None])),
-                collectives_per_step=finite(_mean([s.comm_count for s in timed if s.comm_count is not None])),
+                comm_ms=finite(mean([s.comm_ms for s in timed])),  # type: ignore[misc]
+                exposed_ms=finite(mean([s.comm_exposed_ms for s in timed if s.comm_exposed_ms is not None])),
+                bytes_per_step=finite(mean([s.comm_bytes for s in timed if s.comm_bytes is not None])),
+                collectives_per_step=finite(mean([s.comm_count for s in timed if s.comm_count is not None])),
             )
         )
     records = [c for rec in run.ranks.values() for c in rec.collectives]

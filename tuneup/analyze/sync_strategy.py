@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tuneup._stats import number
+from tuneup._stats import mean, number
 from tuneup.analyze.model import SyncCheck, SyncFallback, SyncStrategy
 from tuneup.record.schema import Run, StepRecord
 
@@ -38,10 +38,6 @@ FEW_TIMED_STEPS = 10
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return statistics.fmean(values) if values else None
 
 
 def _ratio(exact: float | None, sent: float | None) -> float | None:
@@ -189,12 +185,12 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
         if started_at is not None
         else []
     )
-    sent = _mean([s.comm_bytes or 0 for s in phase])
+    sent = mean([s.comm_bytes or 0 for s in phase])
     cross_exact = cross_sent = None
     if hierarchical and nodes > 1:
         # An exact all-reduce spans every rank, so all of its bytes cross nodes.
         cross_exact = exact_bytes
-        cross_sent = _mean([(s.comm_bytes or 0) - (s.comm_node_bytes or 0) for s in phase])
+        cross_sent = mean([(s.comm_bytes or 0) - (s.comm_node_bytes or 0) for s in phase])
     counted = (
         _counted_bytes_per_step(summary, started_at, end_step, fallbacks) if started_at is not None else None
     )
@@ -206,8 +202,8 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
     timed = _steps(steady.values())
     exact_timed = [s for s in timed if started_at is None or s.step < started_at]
     strategy_timed = [s for s in timed if started_at is not None and _in_phase(s.step, started_at, end_step)]
-    exact_step_ms = _mean([s.wall_ms for s in exact_timed])
-    strategy_step_ms = _mean([s.wall_ms for s in strategy_timed])
+    exact_step_ms = mean([s.wall_ms for s in exact_timed])
+    strategy_step_ms = mean([s.wall_ms for s in strategy_timed])
     saved = (
         exact_step_ms - strategy_step_ms
         if exact_step_ms is not None and strategy_step_ms is not None
@@ -252,10 +248,8 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
         check_overhead_share=overhead,
         exact_steps_timed=_distinct(exact_timed),
         strategy_steps_timed=_distinct(strategy_timed),
-        exact_exposed_comm_ms=_mean(
-            [s.comm_exposed_ms for s in exact_timed if s.comm_exposed_ms is not None]
-        ),
-        strategy_exposed_comm_ms=_mean(
+        exact_exposed_comm_ms=mean([s.comm_exposed_ms for s in exact_timed if s.comm_exposed_ms is not None]),
+        strategy_exposed_comm_ms=mean(
             [s.comm_exposed_ms for s in strategy_timed if s.comm_exposed_ms is not None]
         ),
         exact_step_ms=exact_step_ms,
