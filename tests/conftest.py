@@ -21,18 +21,33 @@ def _fresh_warnings(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="tuneup")
 
 
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now (for a rendezvous or a test server)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def run_workload(
-    out: Path, *args: str, timeout: float = 240, check: bool = True
+    out: Path | str,
+    *args: str,
+    timeout: float = 240,
+    check: bool = True,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run tests/workloads/tiny.py in its own process (DDP relaunches it for the other ranks)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    """Run tests/workloads/tiny.py in its own process (DDP relaunches it for the other ranks). `out` is
+    the run directory (or its URL, with `cwd` then given); `env` is added to this process's."""
+    environ = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(
         [sys.executable, str(WORKLOAD), "--out", str(out), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
-        cwd=str(out.parent),
+        env=environ,
+        cwd=str(cwd if cwd is not None else Path(out).parent),
     )
     if check and proc.returncode != 0:
         raise AssertionError(

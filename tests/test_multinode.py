@@ -19,17 +19,13 @@ import pytest
 from tuneup import load_run
 from tuneup.analyze.analysis import analyze_run
 
+from conftest import free_port, run_workload
+
 NODE_JOB = Path(__file__).resolve().parent / "workloads" / "node_job.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _two_nodes(tmp_path: Path, namespace: str, *dirpath: str) -> list[subprocess.CompletedProcess[str]]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     procs = []
     for node in (0, 1):
@@ -178,7 +174,7 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     pytest.importorskip("s3fs")
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     _SERVERS.append(server)
@@ -211,16 +207,8 @@ def _stop_s3_server() -> None:
 
 
 def _tiny(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
-        "TUNEUP_SPOOL": str(tmp_path / "spool"),
-    }
-    return subprocess.run(
-        [sys.executable, str(TINY), "--out", url, *args],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
-    )  # fmt: skip
+    spool = {"TUNEUP_SPOOL": str(tmp_path / "spool")}
+    return run_workload(url, *args, check=False, cwd=tmp_path, env=spool)
 
 
 @pytest.mark.slow

@@ -24,6 +24,8 @@ from tuneup.probe import (
     size_ladder,
 )
 
+from conftest import free_port
+
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -306,11 +308,7 @@ def test_a_multi_node_probe_is_one_rendezvous_and_one_run_named_by_its_id(tmp_pa
 
 @pytest.mark.slow
 def test_two_launches_with_nnodes_2_record_one_run_with_both_nodes_fitted_apart(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = tmp_path / "probe"
     command = [
         sys.executable, "-m", "tuneup", "probe-network", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
