@@ -210,6 +210,7 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
         else None
     )
 
+    exact_steps_timed, strategy_steps_timed = _distinct(exact_timed), _distinct(strategy_timed)
     error_name, error_meaning = _error(strategy)
     notes = _notes(
         start_step=start_step,
@@ -218,8 +219,8 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
         exact_bytes=exact_bytes,
         sent=sent,
         counted=counted,
-        exact_timed=_distinct(exact_timed),
-        strategy_timed=_distinct(strategy_timed),
+        exact_timed=exact_steps_timed,
+        strategy_timed=strategy_steps_timed,
         compression=error_name == COMPRESSION_ERROR[0],
     )
     return SyncStrategy(
@@ -246,8 +247,8 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
         counted_bytes_ratio=_ratio(exact_bytes, counted),
         check_bytes=check_bytes,
         check_overhead_share=overhead,
-        exact_steps_timed=_distinct(exact_timed),
-        strategy_steps_timed=_distinct(strategy_timed),
+        exact_steps_timed=exact_steps_timed,
+        strategy_steps_timed=strategy_steps_timed,
         exact_exposed_comm_ms=mean([s.comm_exposed_ms for s in exact_timed if s.comm_exposed_ms is not None]),
         strategy_exposed_comm_ms=mean(
             [s.comm_exposed_ms for s in strategy_timed if s.comm_exposed_ms is not None]
