@@ -41,7 +41,7 @@ def session_processes() -> list[int]:
 
 
 def tune(
-    out: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600
+    out: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "tuneup", "tune", "--out", str(out), *args],
@@ -50,7 +50,7 @@ def tune(
         timeout=timeout,
         check=False,
         env={**os.environ, **(env or {})},
-        cwd=ROOT,
+        cwd=cwd,
     )
     return proc
 
@@ -189,3 +189,22 @@ def test_out_of_memory_is_an_infeasible_result_that_rules_out_larger_batches(tmp
         later = s["trials"][t["index"] + 1 :]
         assert not [u for u in later if u["config"]["batch_size"] >= t["config"]["batch_size"]]
     assert s["result"]["kept_current"] is True
+
+
+@pytest.mark.slow
+def test_a_script_whose_callback_sets_dirpath_runs_all_its_trials(tmp_path: Path) -> None:
+    """`TuneupCallback(dirpath="runs/x")`, the README's style: each trial still records in its own directory
+    (the session once stopped after the baseline with "no run was recorded")."""
+    out = tmp_path / "tune"
+    proc = tune(
+        out,
+        *QUICK,
+        "--batch-size", "8,16", "--accumulate", "1", "--workers", "0", "--max-trials", "2", "--confirm-runs", "0",
+        "--", sys.executable, str(PLAIN), "--batch-size", "8", "--hidden", "32", "--dirpath", "runs/x",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trials = state(out)["trials"]
+    assert [t["status"] for t in trials] == ["ok", "ok"], [t["reason"] for t in trials]
+    assert all((out / t["run_dir"] / "manifest.json").is_file() for t in trials)
+    assert not (tmp_path / "runs").exists()  # the script's dirpath was not where the trials went

@@ -39,7 +39,7 @@ from tuneup.cost.pricing import PriceChoice, check_choice, choice_from_env
 from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, stop_reason, trainer_config
 from tuneup.plugins.lightning.run_dir_handoff import RunDirHandoff
 from tuneup.plugins.lightning.trainer_taps import TrainerTaps
-from tuneup.plugins.lightning.trial import TrialControl
+from tuneup.plugins.lightning.trial import TrialControl, trial_run_dir
 from tuneup.record.remote import Mirror, bounded, is_url, join_url, put_text, spool_dir
 from tuneup.record.remote import exists as remote_exists
 from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE, RUN_MARKER_FILE, new_run_id
@@ -169,6 +169,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         dirpath: the run directory to write. Default: ``$TUNEUP_DIR`` where set (``tuneup bench`` sets it),
             else ``<trainer.default_root_dir>/tuneup/<run id>``.
             A directory that already holds a run is never overwritten: ``-1``, ``-2``... is appended.
+            Under ``tuneup tune`` each trial records to its own directory, whatever is given here.
         telemetry_interval_s: seconds between telemetry samples (NVML, psutil).
         batch_size_fn: ``batch -> int``, samples in a batch, when tuneup cannot tell by itself.
         tokens_fn: ``batch -> int``, tokens in a batch; by default read from integer token-id matrices.
@@ -497,8 +498,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         the run the first attempt began (torchrun's run id is the same across its restarts)."""
         run_id = new_run_id()
         elastic_id, restarts = elastic_identity()
-        # `tuneup bench` gives each run its directory through the environment; an explicit dirpath wins.
-        named = self._dirpath_text or os.environ.get(ENV_RUN_DIR) or None
+        # A `tuneup tune` trial's directory wins (the tuner reads the run there); then an explicit dirpath;
+        # then the directory `tuneup bench` gives each run through the environment.
+        named = trial_run_dir(self._dirpath_text) or self._dirpath_text or os.environ.get(ENV_RUN_DIR) or None
         root_text = str(trainer.default_root_dir)
         if is_url(named) or (named is None and is_url(root_text)):
             # Object storage: a new run every time (a torchrun restart or a resumed fit starts another).

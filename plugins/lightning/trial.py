@@ -16,6 +16,9 @@ model and before any dataloader is built) unless said otherwise:
 - precision is not applied here: the Trainer builds its precision plugin when it is constructed. Tune it
   through a LightningCLI override.
 Whatever is not applied is written to applied.json with the reason, and the tuner drops that knob.
+
+The run is recorded where the trial says (`TrialSpec.run_dir`, see `trial_run_dir`), over a `dirpath` the
+script gives the callback.
 """
 
 from __future__ import annotations
@@ -25,19 +28,41 @@ import importlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tuneup._log import warn_once
+from tuneup._log import info_once, warn_once
 from tuneup.tune.protocol import (
     APPLIED_FILE,
     HEARTBEAT_S,
     TrialSpec,
+    TrialSpecError,
     failure_file,
     heartbeat_file,
     measured_enough,
+    spec_from_environment,
 )
+
+
+def trial_run_dir(dirpath: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The run directory a `tuneup tune` trial records to, or None outside a trial. It wins over the
+    script's `dirpath` (said once when they differ): the tuner reads every trial's run from the trial's own
+    directory, and a fixed dirpath would put them all in one place the tuner never looks."""
+    try:
+        spec = spec_from_environment(environ)
+    except TrialSpecError:
+        return None  # the callback says what is wrong with it when the trial starts
+    if spec is None or not spec.run_dir:
+        return None
+    if dirpath is not None and os.path.abspath(dirpath) != os.path.abspath(spec.run_dir):
+        info_once(
+            "trial-run-dir",
+            f"tuneup tune trial {spec.trial}: recording in {spec.run_dir}, not in dirpath={dirpath} "
+            "(each trial is recorded in its own directory, where the tuner reads it)",
+        )
+    return spec.run_dir
 
 
 def _parsing(trainer: Any) -> Any:

@@ -1,7 +1,9 @@
 """A plain training script with TuneupCallback, for `tuneup tune` (tests and benchmarks/tune_live.py).
 
 python tests/workloads/tune_plain.py [--namespace lightning|pytorch_lightning] [--devices N]
-    [--hidden H] [--item-cost-us US] [--batch-size B] [--workers W] [--max-steps N]
+    [--hidden H] [--item-cost-us US] [--batch-size B] [--workers W] [--max-steps N] [--dirpath DIR]
+
+--dirpath is given to TuneupCallback(dirpath=...), as the README's example does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--dirpath", default=None)
     args = parser.parse_args()
 
     import torch
@@ -44,7 +47,7 @@ def main() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[TuneupCallback(count_flops=False)],
+        callbacks=[TuneupCallback(dirpath=args.dirpath, count_flops=False)],
     )
     trainer.fit(
         model_cls(hidden=args.hidden),

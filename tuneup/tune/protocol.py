@@ -5,6 +5,8 @@ settings `TuneupCallback` is to apply, the step budget and stop rule, and a stat
 inherits the environment from the launcher (Lightning's subprocess launcher, torchrun, ddp_spawn), and
 rank 0's reading is broadcast at setup all the same, so one decision holds on every rank.
 
+The trial's run is recorded in the spec's `run_dir`, whatever `dirpath` the script gives the callback.
+
 Answers, written by the callback into the status directory (files, so that they survive a process that
 is then killed):
     heartbeat-rank<r>   touched at most every HEARTBEAT_S while steps run: the tuner's hang detector
@@ -78,6 +80,9 @@ class TrialSpec:
     stop: StopRule = field(default_factory=StopRule)
     status_dir: str | None = None
     skip_validation: bool = True  # a trial measures training steps: validation only lengthens it
+    # Where the trial's run is recorded. It wins over a dirpath the script gives TuneupCallback (the README's
+    # own style): the tuner reads each trial's run from its own directory.
+    run_dir: str | None = None
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -98,6 +103,7 @@ class TrialSpec:
                 stop=stop,
                 status_dir=data.get("status_dir"),
                 skip_validation=bool(data.get("skip_validation", True)),
+                run_dir=str(data["run_dir"]) if data.get("run_dir") else None,
             )
         except TypeError as exc:
             raise TrialSpecError(f"{ENV_TRIAL} has an unknown field ({exc})") from None

@@ -213,7 +213,13 @@ class Session:
                 argv, settings = self.script.trial_argv(Config(), Config())
         else:
             argv, settings = self.script.trial_argv(config, baseline)
-        spec = TrialSpec(trial=name, settings=settings, stop=self.options.stop, status_dir=str(status_dir))
+        spec = TrialSpec(
+            trial=name,
+            settings=settings,
+            stop=self.options.stop,
+            status_dir=str(status_dir),
+            run_dir=str(run_dir.resolve()),  # over any dirpath the script gives TuneupCallback
+        )
         env = {
             **os.environ,
             **self.options.price_env,
@@ -246,8 +252,8 @@ class Session:
         elif not (run_dir / "manifest.json").is_file():
             trial.status = FAILED
             trial.reason = (
-                f"no run was recorded in {run_dir}: does the script train with TuneupCallback() (dirpath left "
-                f"unset, so that {ENV_RUN_DIR} applies)? output: {finished.output_tail}"
+                f"no run was recorded in {run_dir}: does the script train with TuneupCallback (of this "
+                f"tuneup, which records a trial where {ENV_TRIAL} says)? output: {finished.output_tail}"
             )
         else:
             namespace = measure(trial, run_dir)
