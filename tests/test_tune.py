@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -433,3 +435,92 @@ def test_a_trial_is_priced_before_its_objective_is_known() -> None:
     economy = economy_of([trial], 2, base)
     assert economy.usd_per_hour == 3.6
     assert rate_of(Objective("throughput-per-dollar"), economy, base, 1000.0) == pytest.approx(1e6)
+
+
+# -- the confirmation's one figure -----------------------------------------------------------------------
+
+
+def _confirmed_session(
+    tmp_path: Path, objective: Objective, base: list[float], best: list[float]
+) -> TuneState:
+    """A session whose confirmation measured these rates (samples/s): the first of each side is the trial
+    the search ran, the rest the confirmation's reruns."""
+    from tuneup.tune.script import Script
+    from tuneup.tune.session import Session, TuneOptions
+
+    base_config, best_config = knobs(16, 1, 0, "allreduce"), knobs(64, 1, 0, "allreduce")
+    state = TuneState(command=["x"], script_kind="callback", objective=objective.name, space=SPACE)
+    state.options.update(
+        target_samples=objective.target_samples,
+        target_tokens=objective.target_tokens,
+        target_steps=objective.target_steps,
+    )
+
+    def ran(index: int, config: Config, role: str, rate: float) -> Trial:
+        return Trial(index=index, name=f"{index:02d}", config=config, role=role, samples_per_s=rate)
+
+    state.trials = [ran(0, base_config, "baseline", base[0]), ran(1, best_config, "search", best[0])]
+    reruns = {id(base_config): iter(base[1:]), id(best_config): iter(best[1:])}
+    session = Session(tmp_path, state, Script(("x",), "callback"), TuneOptions(objective, confirm_runs=2))
+
+    def run_trial(config: Config, role: str, predicted: object = None) -> Trial:
+        rate = next(reruns[id(base_config) if config == base_config else id(best_config)])
+        trial = ran(len(state.trials), config, role, rate)
+        state.trials.append(trial)
+        session._score(trial)
+        return trial
+
+    session.run_trial = run_trial  # type: ignore[assignment, method-assign]
+    for t in state.trials:
+        session._score(t)
+    state.result = session.confirm(session.search(), None)
+    return state
+
+
+@pytest.mark.parametrize("objective", [Objective("throughput"), Objective("time", target_samples=3.6e6)])
+def test_the_confirmation_gives_one_figure_with_its_interval_and_its_test(
+    tmp_path: Path, objective: Objective
+) -> None:
+    """The summary once said "measured throughput +3.2% [+1.6%, +16.4%]" (a ratio of medians) and then
+    "samples/s 6.8% higher (p = 0.048)" (of geometric means) for one comparison. Here the medians differ
+    by +6.0% and the geometric means by +8.1%: one of them, once, under the objective's name."""
+    from tuneup.tune.render import format_tune_text
+
+    state = _confirmed_session(tmp_path, objective, [100.0, 101.0, 99.0], [106.0, 105.5, 113.0])
+    assert state.result is not None and state.result["verdict"] == "IMPROVEMENT"
+    text = format_tune_text(state)
+    name = objective.name
+    shown = re.search(rf"{name} ([+-]\d+\.\d)% \[([+-]\d+\.\d)%, ([+-]\d+\.\d)%\]", text)
+    tested = re.search(rf"verdict: improvement: {name} (\d+\.\d)% (higher|lower) \(p = ", text)
+    assert shown and tested, text
+    gain, low, high = (float(g) for g in shown.groups())
+    assert low <= gain <= high
+    assert abs(gain) == float(tested.group(1))
+    assert (gain > 0) == (tested.group(2) == "higher") == objective.higher_is_better
+    # The geometric means' ratio, in the objective's direction (time: 1/1.081 - 1 = -7.5%).
+    assert abs(gain) == pytest.approx(8.1 if objective.higher_is_better else 7.5, abs=0.05)
+    assert "samples/s" not in text.split("verdict:")[1].splitlines()[0]  # the objective's name, not a rate's
+
+
+def test_the_gain_interval_holds_its_point_and_agrees_with_the_test() -> None:
+    """For random confirmations: the interval is ordered and holds the gain, and it leaves out no change
+    exactly when the one-sided Welch test on logs says p < alpha in the direction the data moved."""
+    import random
+
+    from tuneup.compare.stats import welch
+    from tuneup.tune.session import GAIN_CONFIDENCE, geometric_gain
+
+    rng = random.Random(7)
+    for _ in range(300):
+        n_a, n_b = rng.randint(2, 5), rng.randint(2, 5)
+        shift, noise = rng.uniform(-0.3, 0.3), rng.uniform(0.001, 0.2)
+        base = [1000.0 * math.exp(rng.gauss(0.0, noise)) for _ in range(n_a)]
+        cand = [1000.0 * math.exp(shift + rng.gauss(0.0, noise)) for _ in range(n_b)]
+        found = geometric_gain(base, cand, GAIN_CONFIDENCE)
+        assert found is not None and found[1] is not None and found[2] is not None
+        gain, low, high = found
+        assert -1.0 < low <= gain <= high
+        test = welch([math.log(v) for v in base], [math.log(v) for v in cand])
+        p = test.p_b_greater if gain > 0 else test.p_b_less
+        if abs(p - (1 - GAIN_CONFIDENCE) / 2) > 1e-6:
+            assert (low > 0 or high < 0) == (p < (1 - GAIN_CONFIDENCE) / 2)

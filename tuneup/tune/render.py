@@ -160,7 +160,8 @@ def _verdict(result: Mapping[str, Any]) -> str | None:
 def gain_text(objective: Objective, result: Mapping[str, Any]) -> str | None:
     """The measured change of the objective's figure with its interval: "throughput +18.2% [+9.8%, +25.0%]".
 
-    The session's gain is the ratio of the median rates - 1; for time and cost (lower is better) the figure
+    The session's gain is the ratio of the rates' geometric means - 1 (the figure the verdict's test tests;
+    sessions saved before said the ratio of medians); for time and cost (lower is better) the figure
     changes by 1 / (1 + gain) - 1, and the interval's ends swap."""
     gain = result.get("gain")
     if not fmt.is_number(gain) or gain <= -1:
@@ -179,10 +180,14 @@ def gain_text(objective: Objective, result: Mapping[str, Any]) -> str | None:
     return out
 
 
-def _interval_note() -> str:
+def _interval_note(result: Mapping[str, Any]) -> str:
+    """What the gain's interval is: as the session stored it; a session saved before it stored that had
+    the bootstrap interval of the ratio of medians."""
     from tuneup.compare.rule import Rule
 
-    return f"{Rule().confidence:.0%} bootstrap interval of the ratio of medians"
+    return str(
+        result.get("gain_interval") or f"{Rule().confidence:.0%} bootstrap interval of the ratio of medians"
+    )
 
 
 def _plain(value: object) -> str:
@@ -435,7 +440,7 @@ def _result_blocks(state: TuneState, objective: Objective) -> list[Block]:
         elif best is not None and baseline is not None and best is not baseline:
             pairs.append(("Best candidate (not adopted)", f"{best.config.label()} (trial #{best.index})"))
         if gain:
-            pairs.append(("Measured gain", f"{gain} ({_interval_note()})"))
+            pairs.append(("Measured gain", f"{gain} ({_interval_note(result)})"))
         if verdict:
             pairs.append(("Verdict", verdict))  # its reason is the paragraph above
         if result.get("baseline_rates") or result.get("winner_rates"):

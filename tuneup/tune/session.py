@@ -6,18 +6,23 @@
 3. The confirmation: the best configuration and the baseline rerun, interleaved (B W W B ...), and the
    compare rule (tuneup.compare.rule: Welch on logs and a change beyond max(5%, 2 x CV)) decides whether the
    winner is really better. When it cannot tell, the verdict says so and the current settings are kept.
+   The comparison has one figure: the objective's ratio of geometric means, which the test tests, with the
+   interval of the same test, named as the objective is.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tuneup.compare.rule import Rule
 from tuneup.record.schema import ENV_RUN_DIR
 from tuneup.tune.objective import Objective
 from tuneup.tune.protocol import ENV_SESSION, ENV_TRIAL, StopRule, TrialSpec
@@ -37,6 +42,13 @@ from tuneup.tune.state import (
 )
 
 CONFIRM_RUNS = 2  # extra runs a side: with the search's own trial, 3 a side, what the compare rule needs
+# The confirmation's gain interval: two-sided at 1 - 2 x the compare rule's one-sided alpha (0.05), so that it
+# leaves out "no change" exactly when the test the verdict rests on gives p < alpha in that direction.
+GAIN_CONFIDENCE = 1.0 - 2.0 * Rule().alpha
+GAIN_INTERVAL = (
+    f"{GAIN_CONFIDENCE:.0%} interval of the ratio of geometric means, from the Welch t-test on log rates "
+    "that the verdict uses"
+)
 
 
 class TuneError(Exception):
@@ -86,6 +98,44 @@ def measure(trial: Trial, run_dir: Path) -> str | None:
     trial.usd_per_hour = analysis.cost.figures.usd_per_hour if analysis.cost is not None else None
     trial.b_noise = analysis.noise_scale.b_simple if analysis.noise_scale is not None else None
     return analysis.run.namespace
+
+
+def _t_quantile(upper_tail: float, df: float) -> float:
+    """t with P(T > t) = upper_tail for Student's t with `df` degrees of freedom (0 < upper_tail < 0.5)."""
+    from tuneup.compare.stats import student_t_sf
+
+    low, high = 0.0, 1.0
+    while student_t_sf(high, df) > upper_tail:
+        high *= 2.0
+    for _ in range(100):  # bisection: the survival function falls as t grows
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if student_t_sf(mid, df) > upper_tail else (low, mid)
+    return 0.5 * (low + high)
+
+
+def geometric_gain(
+    baseline: Sequence[float], candidate: Sequence[float], confidence: float
+) -> tuple[float, float | None, float | None] | None:
+    """(gain, low, high) of candidate over baseline as fractions (0.05 = +5%): the ratio of geometric means
+    - 1, the figure the compare rule's Welch test on logs tests, with that test's two-sided interval at
+    `confidence` (Welch-Satterthwaite degrees of freedom). The interval always holds the gain; it is None
+    with fewer than 2 values a side. None without positive values on both sides."""
+    if not baseline or not candidate or min(*baseline, *candidate) <= 0:
+        return None
+    logs_a, logs_b = [math.log(v) for v in baseline], [math.log(v) for v in candidate]
+    mean_a, mean_b = statistics.fmean(logs_a), statistics.fmean(logs_b)
+    diff = mean_b - mean_a
+    if len(logs_a) < 2 or len(logs_b) < 2:
+        return math.expm1(diff), None, None
+    se2_a, se2_b = statistics.variance(logs_a) / len(logs_a), statistics.variance(logs_b) / len(logs_b)
+    se2 = se2_a + se2_b
+    if se2 == 0.0:
+        return math.expm1(diff), math.expm1(diff), math.expm1(diff)  # neither side varies
+    # Welch-Satterthwaite, from the shares of the squared standard error (tiny variances square to 0).
+    share_a, share_b = se2_a / se2, se2_b / se2
+    df = 1.0 / (share_a * share_a / (len(logs_a) - 1) + share_b * share_b / (len(logs_b) - 1))
+    half = _t_quantile((1.0 - confidence) / 2.0, df) * math.sqrt(se2)
+    return math.expm1(diff), math.expm1(diff - half), math.expm1(diff + half)
 
 
 def _world_size(trial: Trial | None) -> int:
@@ -402,16 +452,27 @@ class Session:
 
         base_rates, best_rates = rates(baseline.config, baseline), rates(best.config, best)
         objective = self.options.objective
-        # The rate is what the search ranked (higher is better, also for time and cost to a target).
-        verdict = decide(objective.rate_label, base_rates, best_rates, higher_is_better=True)
+        # One comparison, one figure: the verdict is taken on the objective's own figure (hours and dollars
+        # for time and cost, lower is better), under the objective's name, and the gain shown is the ratio
+        # of geometric means that its test tests, with the interval of that same test.
+        figures = [objective.figure(r) for r in base_rates], [objective.figure(r) for r in best_rates]
+        verdict = decide(
+            objective.name,
+            *figures,
+            higher_is_better=objective.higher_is_better,
+            unit=objective.unit,
+            rule=Rule(resamples=0),  # the bootstrap interval of medians is another estimator: not shown
+        )
         improved = verdict.verdict is Verdict.IMPROVEMENT
+        gain = geometric_gain(base_rates, best_rates, GAIN_CONFIDENCE)
         result.update(
             kept_current=not improved,
             verdict=verdict.verdict.value,
             reason=verdict.reason,
-            gain=(verdict.ratio - 1.0) if verdict.ratio is not None else None,
-            gain_low=(verdict.ci_low - 1.0) if verdict.ci_low is not None else None,
-            gain_high=(verdict.ci_high - 1.0) if verdict.ci_high is not None else None,
+            gain=gain[0] if gain else None,
+            gain_low=gain[1] if gain else None,
+            gain_high=gain[2] if gain else None,
+            gain_interval=GAIN_INTERVAL,
             baseline_rates=base_rates,
             winner_rates=best_rates,
         )
