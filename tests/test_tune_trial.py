@@ -15,7 +15,7 @@ from tuneup import TuneupCallback
 from tuneup.tune.protocol import ENV_TRIAL, StopRule, TrialSpec
 
 from workloads.cli_models import LData, LModel
-from workloads.tune_models import make_classes
+from workloads.tune_models import make_classes, make_gan
 
 NAMESPACES = ["lightning.pytorch", "pytorch_lightning"]
 
@@ -166,3 +166,35 @@ def test_accumulation_is_not_applied_to_manual_optimization(
     applied = json.loads((status / "applied.json").read_text())
     assert "manual" in applied["not_applied"]["accumulate_grad_batches"]
     assert trainer.accumulate_grad_batches == 1
+
+
+def test_target_steps_count_as_lightning_counts_max_steps_in_a_two_optimizer_loop(tmp_path: Path) -> None:
+    """Lightning's max_steps counts every optimizer's steps (trainer.global_step): a GAN's batch is two. The
+    time to --target-steps N is then N/2 training steps, not N (the figure was 2x off)."""
+    import lightning.pytorch as L
+
+    from tuneup.tune.objective import Objective
+    from tuneup.tune.search import rates_of
+    from tuneup.tune.session import config_of_run, measure
+    from tuneup.tune.space import Config
+    from tuneup.tune.state import OK, Trial
+
+    _, data_cls = make_classes(L)
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=40, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[TuneupCallback(tmp_path / "run", count_flops=False)],
+    )  # fmt: skip
+    trainer.fit(make_gan(L), datamodule=data_cls(batch_size=8, features=16))
+    batches = trainer.fit_loop.epoch_loop.total_batch_idx + 1
+    assert (trainer.global_step, batches) == (40, 20)  # Lightning's count, on the installed version
+
+    trial = Trial(index=0, name="gan", config=Config(), role="baseline")
+    measure(trial, tmp_path / "run")
+    assert trial.status == OK and trial.samples_per_s, trial.reason
+    assert trial.optimizer_steps_per_step == 2
+    trial.config = config_of_run(trial)
+    objective = Objective("time", target_steps=trainer.max_steps)
+    [(_, rate)] = rates_of(objective, [trial], 1, trial.config)
+    step_s = 8 / trial.samples_per_s  # one training step (a batch of 8) at the trial's throughput
+    assert objective.figure(rate) * 3600 == pytest.approx(batches * step_s, rel=1e-6)
+    assert "optimizer steps" in objective.describe()

@@ -6,6 +6,9 @@
   training loop, as decoding images is.
 - `hidden` sets the gradient's size: under DDP the all-reduce grows with it.
 
+`make_gan` is a two-optimizer loop (manual optimization, as Lightning's GAN example): Lightning's
+global_step, which max_steps counts, moves by two per batch.
+
 Faults for the tuner's tests, by environment variable (the trial's name, "NN-...", is in TUNEUP_TRIAL):
     TUNE_FAIL_TRIAL=NN, TUNE_FAIL_RANK=R   raise in training_step on rank R in trial number NN, at step 3
     TUNE_HANG_TRIAL=NN, TUNE_HANG_RANK=R   sleep for an hour instead
@@ -113,3 +116,38 @@ def make_classes(L: Any) -> tuple[type, type]:
             return self._loader(256)
 
     return TuneMLP, TuneData
+
+
+def make_gan(L: Any, features: int = 16) -> Any:
+    """A LightningModule of the namespace `L` that steps a discriminator and a generator every batch."""
+
+    class TinyGAN(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.generator = torch.nn.Linear(features, features)
+            self.discriminator = torch.nn.Linear(features, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            x, _ = batch
+            opt_d, opt_g = self.optimizers()
+            for opt, loss in (
+                (
+                    opt_d,
+                    lambda: (
+                        self.discriminator(x).mean() - self.discriminator(self.generator(x).detach()).mean()
+                    ),
+                ),
+                (opt_g, lambda: self.discriminator(self.generator(x)).mean()),
+            ):
+                opt.zero_grad()
+                self.manual_backward(loss())
+                opt.step()
+
+        def configure_optimizers(self) -> Any:
+            return (
+                torch.optim.SGD(self.discriminator.parameters(), lr=0.01),
+                torch.optim.SGD(self.generator.parameters(), lr=0.01),
+            )
+
+    return TinyGAN()

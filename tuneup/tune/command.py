@@ -52,9 +52,15 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
         choices=OBJECTIVES,
         help="what to maximise (default: throughput-per-dollar where a price is given, else throughput)",
     )
-    for name in ("samples", "tokens", "steps"):
+    targets = {
+        "samples": "samples to train",
+        "tokens": "tokens to train",
+        # trainer.global_step counts each optimizer's steps: a GAN's batch stepping two optimizers is two.
+        "steps": "optimizer steps to train, counted as Lightning's max_steps counts them (every optimizer's)",
+    }
+    for name, what in targets.items():
         tune.add_argument(
-            f"--target-{name}", type=float, metavar="N", help=f"for --objective time/cost: {name} to train"
+            f"--target-{name}", type=float, metavar="N", help=f"for --objective time/cost: {what}"
         )
     knobs = tune.add_argument_group("knobs", ACTION_HELP)
     knobs.add_argument("--batch-size", type=_list(int), metavar="B,...", help="per-rank micro-batch sizes")
@@ -111,7 +117,8 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
         metavar="N",
         type=int,
         default=200,
-        help="most optimizer steps (default: %(default)s)",
+        help="most training steps, each a batch (or an accumulation's batches) that stepped the optimizers; "
+        "a batch stepping two optimizers is one, where Lightning's max_steps counts two (default: %(default)s)",
     )
     trial.add_argument(
         "--warmup-steps", metavar="N", type=int, default=10, help="steps not timed (default: %(default)s)"

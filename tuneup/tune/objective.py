@@ -7,7 +7,10 @@ Every objective is ranked by a rate, higher is better:
     goodput               samples/s x E(B)            E(B) = (B_noise + B0)/(B_noise + B), Pollux
     goodput-per-dollar    goodput per USD
     time                  to --target-samples/--target-tokens (at goodput where B_noise is known), or to
-                          --target-steps (at the trial's step time); shown in hours, lower is better
+                          --target-steps (at the trial's step time); shown in hours, lower is better.
+                          Steps are counted as Lightning's max_steps counts them: optimizer steps, every
+                          optimizer's (trainer.global_step), so a GAN stepping two optimizers per batch
+                          reaches --target-steps N after N/2 batches
     cost                  the same target in USD, lower is better
 
 B0 is the baseline's global batch: a sample there counts as one; the statistical efficiency of the noise
@@ -72,7 +75,7 @@ class Objective:
     def rate_label(self) -> str:
         """What the rate is, in words and unit: the figure the search ranks and the compare rule tests."""
         if self.target_steps is not None:
-            rate = "steps/s"
+            rate = "optimizer steps/s"
         elif self.target_tokens is not None:
             rate = "tokens/s"
         else:
@@ -94,13 +97,16 @@ class Objective:
         b_noise: float | None,
         b_reference: float,
         tokens_per_sample: float | None = None,
+        optimizer_steps_per_step: float = 1.0,
     ) -> float | None:
         """The figure the search ranks by (higher is better); None where a price or a token count that it
-        needs is missing."""
+        needs is missing. `optimizer_steps_per_step`: optimizers stepped per training step (a batch, or
+        the batches of one accumulation), which --target-steps counts as Lightning's max_steps does."""
         if samples_per_s <= 0:
             return None
         if self.target_steps is not None:
-            value = samples_per_s / global_batch  # steps/s: the target is a number of steps
+            # Lightning's optimizer steps per second: training steps/s x the optimizers each one steps.
+            value = samples_per_s / global_batch * optimizer_steps_per_step
         else:
             value = samples_per_s
             if self.weighs_efficiency and b_noise is not None:
@@ -140,7 +146,7 @@ class Objective:
         elif self.target_tokens is not None:
             target = f" to {self.target_tokens:,.0f} tokens"
         elif self.target_steps is not None:
-            target = f" to {self.target_steps:,.0f} steps"
+            target = f" to {self.target_steps:,.0f} optimizer steps (as max_steps counts them)"
         return {
             "throughput": "throughput (samples/s)",
             "throughput-per-dollar": "throughput per dollar (samples/USD)",

@@ -57,6 +57,7 @@ class Economy:
     b_noise: float | None
     b_reference: float
     tokens_per_sample: float | None
+    optimizer_steps_per_step: float = 1.0  # Lightning's steps (max_steps counts them) per training step
 
 
 def economy_of(trials: Sequence[Trial], world_size: int, baseline: Config) -> Economy:
@@ -67,12 +68,15 @@ def economy_of(trials: Sequence[Trial], world_size: int, baseline: Config) -> Ec
     tokens = [
         t.observation.tokens_per_sample for t in measured if t.observation and t.observation.tokens_per_sample
     ]
+    # The script's loop fixes how many optimizers step per batch; every trial of it records the same.
+    per_step = [t.optimizer_steps_per_step for t in measured if t.optimizer_steps_per_step]
     return Economy(
         world_size=world_size,
         usd_per_hour=prices[0] if prices else None,
         b_noise=noise[len(noise) // 2] if noise else None,
         b_reference=float(baseline.global_batch(world_size) or 1),
         tokens_per_sample=tokens[0] if tokens else None,
+        optimizer_steps_per_step=per_step[0] if per_step else 1.0,
     )
 
 
@@ -84,6 +88,7 @@ def rate_of(objective: Objective, economy: Economy, config: Config, samples_per_
         b_noise=economy.b_noise,
         b_reference=economy.b_reference,
         tokens_per_sample=economy.tokens_per_sample,
+        optimizer_steps_per_step=economy.optimizer_steps_per_step,
     )
 
 

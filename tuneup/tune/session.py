@@ -79,6 +79,7 @@ def measure(trial: Trial, run_dir: Path) -> str | None:
     from tuneup.advise.observe import AdviceInputError, observe
     from tuneup.analyze.analysis import analyze_run
     from tuneup.compare.runs import summarize_run
+    from tuneup.cost.figures import optimizer_steps_per_step
     from tuneup.record import RunRecordError, load_run
 
     try:
@@ -97,6 +98,7 @@ def measure(trial: Trial, run_dir: Path) -> str | None:
     trial.peak_memory_bytes = summary.peak_memory_bytes
     trial.usd_per_hour = analysis.cost.figures.usd_per_hour if analysis.cost is not None else None
     trial.b_noise = analysis.noise_scale.b_simple if analysis.noise_scale is not None else None
+    trial.optimizer_steps_per_step = optimizer_steps_per_step(run)
     return analysis.run.namespace
 
 

@@ -69,6 +69,9 @@ class Trial:
     usd_per_hour: float | None = None
     peak_memory_bytes: float | None = None
     b_noise: float | None = None
+    # Lightning's optimizer steps (trainer.global_step, what max_steps counts) per training step: 2 for a
+    # batch that steps two optimizers, as a GAN's does. None: not recorded (taken as 1).
+    optimizer_steps_per_step: float | None = None
     objective: float | None = None  # the objective's rate (higher is better; Objective.figure shows it)
     predicted: Prediction | None = None
     not_applied: dict[str, str] = field(default_factory=dict)
