@@ -25,6 +25,7 @@ from tuneup.advise.model import MIN_GAIN, Advice, Recommendation
 from tuneup.advise.observe import AdviceInputError, observe
 from tuneup.advise.step_model import ModelError, fit_step_model
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
+from tuneup.analyze.noise_scale import noise_verdict
 
 __all__ = ["Advice", "AdviceInputError", "AdviceOptions", "ModelError", "advise"]
 
@@ -42,12 +43,27 @@ class AdviceOptions:
     nodes: int | None = None  # the what-if's node count (default: 1)
 
 
-def _noise_scale(analysis: RunAnalysis) -> float | None:
-    """The run's gradient noise scale B_simple, where it was measured."""
-    ns = analysis.noise_scale
-    if ns is None or ns.b_simple is None or ns.b_simple <= 0:
-        return None
-    return ns.b_simple
+def _objective(analyses: Sequence[RunAnalysis]) -> tuple[str, float | None, str]:
+    """One objective for every recommendation and the what-if, named with why: goodput where a run of the
+    workload measured the gradient noise scale (the first given that did: the same runs in another order
+    give the same objective), else samples/s. Returns (objective, B_simple, the note that says so)."""
+    verdicts = [noise_verdict(a.noise_scale, a.run) for a in analyses]
+    for a, v in zip(analyses, verdicts, strict=True):
+        if v.b_simple is not None:
+            source = "" if a is analyses[0] else f" (run {a.run.run_id})"
+            return (
+                "goodput",
+                v.b_simple,
+                f"objective: goodput (samples/s weighed by statistical efficiency) for every figure below, "
+                f"because {v.text}{source}",
+            )
+    measured = next((v for v in verdicts if v.kind != "not measured"), verdicts[0])
+    return (
+        "samples/s",
+        None,
+        f"objective: samples/s for every figure below, because {measured.text}; so batch advice is judged by "
+        "samples/s alone, not by goodput, and a larger batch may need more samples to reach the same loss",
+    )
 
 
 def _rules() -> list[Callable[..., list[Recommendation]]]:
@@ -78,7 +94,7 @@ def advise(analyses: Sequence[RunAnalysis], options: AdviceOptions | None = None
     observations = [observe(a) for a in analyses]
     model = fit_step_model(observations)
     o = observations[0]
-    b_noise = _noise_scale(base)
+    objective, b_noise, objective_note = _objective(analyses)
     usd_per_device_hour = (
         o.usd_per_hour / o.devices_priced if o.usd_per_hour is not None and o.devices_priced else None
     )
@@ -88,7 +104,7 @@ def advise(analyses: Sequence[RunAnalysis], options: AdviceOptions | None = None
         observation=o,
         model=model,
         economics=economics,
-        objective="goodput" if b_noise is not None else "samples/s",
+        objective=objective,
         min_gain=options.min_gain,
         link_fits=options.link_fits,
         model_observations=observations,
@@ -109,11 +125,7 @@ def advise(analyses: Sequence[RunAnalysis], options: AdviceOptions | None = None
             whatif = what_if(ctx, options)
         except Exception as exc:
             notes.append(f"what-if failed: {type(exc).__name__}: {exc}")
-    if b_noise is None:
-        notes.append(
-            "the gradient noise scale was not measured, so batch advice is judged by samples/s alone, not "
-            "by goodput; a larger batch may need more samples to reach the same loss"
-        )
+    notes.insert(0, objective_note)
     return Advice(
         runs=[a.run.run_id for a in analyses],
         objective=ctx.objective,

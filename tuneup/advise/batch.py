@@ -17,21 +17,37 @@ from tuneup.advise.context import AdviceContext, describe
 from tuneup.advise.memory import MEMORY_HEADROOM, memory_model
 from tuneup.advise.model import Change, Recommendation, Setting
 
+# From one batch size the model extrapolates on a prior: no further than this many times the batch seen.
+MAX_PRIOR_FACTOR = 2
 
-def _candidates(current: Setting) -> list[Setting]:
+
+def _candidates(current: Setting, max_factor: int | None) -> list[Setting]:
     b, s = current.batch_size, current.accumulate_grad_batches
-    out = [replace(current, batch_size=nb) for nb in (b // 2, b * 2, b * 4) if nb >= 1 and nb != b]
-    for k in (2, 4):  # the same global batch in fewer, larger micro-batches
+    factors = [k for k in (2, 4) if max_factor is None or k <= max_factor]
+    out = [
+        replace(current, batch_size=nb) for nb in (b // 2, *(b * k for k in factors)) if nb >= 1 and nb != b
+    ]
+    for k in factors:  # the same global batch in fewer, larger micro-batches
         if s % k == 0:
             out.append(replace(current, batch_size=b * k, accumulate_grad_batches=s // k))
     return out
 
 
-def _confidence(ctx: AdviceContext, batch: int) -> str:
+def _confidence(ctx: AdviceContext, setting: Setting, measured: bool) -> str:
     seen = ctx.model.batch_sizes
+    if measured:
+        return "high"
     if ctx.model.line.prior:
         return "low"
-    return "high" if min(seen) <= batch <= max(seen) else "medium"
+    return "high" if min(seen) <= setting.batch_size <= max(seen) else "medium"
+
+
+def measure_instruction(batch: int) -> str:
+    """What settles a prediction from one batch size: a measurement at the proposed one."""
+    return (
+        f"run `tuneup advise --measure -- COMMAND` (short measuring trials, then advice from a fitted model), "
+        f"or record a run at batch {batch} and pass both runs to tuneup advise"
+    )
 
 
 def recommend(ctx: AdviceContext) -> list[Recommendation]:
@@ -39,7 +55,15 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     current = ctx.setting
     memory = memory_model(ctx.model_observations or [o], o) if o.on_gpu else None
     best: Recommendation | None = None
-    for setting in _candidates(current):
+    prior = ctx.model.line.prior is not None
+    if prior:
+        ctx.skip(
+            f"batch_size {current.batch_size} → {current.batch_size * 4}",
+            f"not predicted: from one batch size the model does not extrapolate beyond {MAX_PRIOR_FACTOR}x "
+            f"(compute, data wait and the loop's time may each grow with the batch or not); "
+            + measure_instruction(current.batch_size * 4),
+        )
+    for setting in _candidates(current, MAX_PRIOR_FACTOR if prior else None):
         changes = [Change("batch_size", str(current.batch_size), str(setting.batch_size))]
         accumulation = None
         if setting.accumulate_grad_batches != current.accumulate_grad_batches:
@@ -84,8 +108,8 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             )
             if ctx.economics.b_noise is None:
                 caveats.append(
-                    "the gradient noise scale was not measured: a larger batch may need more samples to reach "
-                    "the same loss, which samples/s does not show"
+                    "judged by samples/s (no positive gradient noise scale: the notes say why): a larger batch "
+                    "may need more samples to reach the same loss, which samples/s does not show"
                 )
             elif setting.global_batch > ctx.economics.b_noise:
                 caveats.append(
@@ -94,6 +118,19 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
                 )
         if ctx.economics.b_noise is not None:
             evidence.append(f"gradient noise scale B_simple ~ {ctx.economics.b_noise:.0f} samples")
+        measured = proposed.measured_run is not None
+        if measured:
+            evidence.insert(
+                0,
+                f"measured: run {proposed.measured_run} ran this setting; the gain is that run's against this "
+                "one, not the model's",
+            )
+        elif prior:
+            caveats.insert(
+                0,
+                f"a hypothesis: one batch size was seen, so the figure rests on a prior (compute half fixed, "
+                f"half proportional to the batch); test it: {measure_instruction(setting.batch_size)}",
+            )
         rec = ctx.recommendation(
             id="batch.size",
             title=(
@@ -105,11 +142,10 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             evidence=evidence,
             code=code.batch_size(ctx.namespace, setting.batch_size, accumulation),
             caveats=caveats,
-            confidence=_confidence(ctx, setting.batch_size),
-            settle=(
-                f"record a run at batch {setting.batch_size} and pass both runs to tuneup advise, which then fits "
-                "compute against batch size instead of assuming it"
-            ),
+            confidence=_confidence(ctx, setting, measured),
+            settle=measure_instruction(setting.batch_size)
+            + ", which fits compute against batch size instead of "
+            "assuming it",
         )
         if rec is None:
             continue

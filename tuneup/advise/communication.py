@@ -25,6 +25,8 @@ from dataclasses import replace
 from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Change, Recommendation
+from tuneup.advise.observe import Observation
+from tuneup.advise.step_model import UNMEASURED_AVERAGE_FACTOR
 from tuneup.analyze.interconnect import model_time_s
 from tuneup.sync.config import SyncConfig
 
@@ -79,7 +81,9 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     current = ctx.setting
 
     # fp16 compression: half the bytes on the wire.
-    if o.precision and o.precision.startswith("16"):
+    if o.compression is not None or o.local_sgd_period is not None:
+        ctx.skip("fp16 gradient compression", f"the run already uses TuneupDDPStrategy ({_strategy(o)})")
+    elif o.precision and o.precision.startswith("16"):
         ctx.skip("fp16 gradient compression", "gradients are already fp16")
     elif (o.backend or "").lower() == "gloo" or not o.on_gpu:
         # Measured, not modelled: gloo sums on the CPU, and the casts and the fp16 arithmetic took what the
@@ -176,6 +180,9 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
 def _local_sgd(ctx: AdviceContext, evidence: list[str]) -> Recommendation | None:
     """Local SGD: no gradient all-reduce, and the parameters averaged every H steps, exposed."""
     o, current = ctx.observation, ctx.setting
+    if o.local_sgd_period is not None or o.compression is not None:
+        ctx.skip("local_sgd_period", f"the run already uses TuneupDDPStrategy ({_strategy(o)})")
+        return None
     if not o.bucket_bytes:
         ctx.skip(
             "local_sgd_period",
@@ -209,8 +216,25 @@ def _local_sgd(ctx: AdviceContext, evidence: list[str]) -> Recommendation | None
         )
     local = replace(current, local_sgd_period=period)
     proposed = ctx.predict(local)
-    averaging_ms = (proposed.breakdown_ms or {}).get("averaging", 0.0) * period
+    terms = proposed.breakdown_ms or {}
+    averaging_ms = terms.get("averaging", 0.0) * period
     gradient_mib = sum(o.bucket_bytes) / 2**20
+    unmeasured = bool(terms.get("averaging_unmeasured"))
+    how = (
+        f"{averaging_ms:.1f} ms: between the link fit held to the measured collectives and "
+        f"{UNMEASURED_AVERAGE_FACTOR:g}x it (not measured: one flat buffer of every parameter costs more than DDP's "
+        "buckets suggest, on gloo with CPU copies; measured once at 6x the fit)"
+        if unmeasured
+        else f"{averaging_ms:.1f} ms as measured in a run that averaged"
+    )
+    warmup = terms.get("warmup_share")
+    if warmup:
+        caveats.insert(
+            0,
+            f"the prediction is the mean step over a run of {ctx.model.run_steps} steps, as this one: its first "
+            f"{local_config.start_step} are the strategy's exact warm-up ({warmup:.0%} of the run); a longer run "
+            "gains more",
+        )
     return ctx.recommendation(
         id="communication.local_sgd",
         title=f"Average the parameters every {period} steps (local SGD) instead of the gradients every step",
@@ -219,14 +243,24 @@ def _local_sgd(ctx: AdviceContext, evidence: list[str]) -> Recommendation | None
         evidence=[
             *evidence,
             f"the average every {period} steps: one all-reduce of the parameters ({gradient_mib:.2f} MiB, as "
-            f"many bytes as the gradients) over {o.world_size} ranks, {averaging_ms:.1f} ms by the link fit held "
-            f"to the measured collectives, after the optimizer with nothing to overlap "
-            f"({averaging_ms / period:.1f} ms per step)",
+            f"many bytes as the gradients) over {o.world_size} ranks, {how}, after the optimizer with nothing to "
+            f"overlap ({averaging_ms / period:.1f} ms per step)",
         ],
         code=code.sync_strategy(ctx.namespace, kwargs),
         caveats=caveats,
         # What local steps save is the exposed wait and the interference; the latter is a measurement only
         # against a one-rank run, else the interval spans none to all of it.
-        confidence="medium" if ctx.model.interference_known else "low",
-        settle="run it and compare with `tuneup compare`",
+        confidence="medium" if ctx.model.interference_known and not unmeasured else "low",
+        settle=(
+            "measure first: the parameter average's time is not known from this run and may cost more than "
+            "the collectives it saves; run it with the printed strategy and compare with `tuneup compare`"
+            if unmeasured
+            else "run it and compare with `tuneup compare`"
+        ),
+    )
+
+
+def _strategy(o: Observation) -> str:
+    return (
+        f"local_sgd_period={o.local_sgd_period}" if o.local_sgd_period else f'compression="{o.compression}"'
     )

@@ -4,14 +4,35 @@ predicted gain, so that each advice module only says *what* to try and *why*."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tuneup.advise.model import MIN_GAIN, Change, Considered, Predicted, Range, Recommendation, Setting
 from tuneup.advise.observe import Observation
 from tuneup.advise.outcomes import Economics, cost_change, outcome, relative_gain
-from tuneup.advise.step_model import StepTimeModel
+from tuneup.advise.step_model import StepPrediction, StepTimeModel, observed_setting
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
+
+# How far a rerun of one setting lands from another on the same machine (mean step): the interval of a setting
+# that was measured rather than predicted, where the runs given do not show their own spread. The advice's
+# threshold (5%) is set above it.
+RUN_TO_RUN_NOISE = 0.03
+
+
+def measured_step(runs: Sequence[Observation], terms_ms: dict[str, float]) -> StepPrediction:
+    """The step of a setting some runs measured: their mean, within their spread or the run-to-run noise."""
+    mean = statistics.fmean(o.step_mean_ms for o in runs)
+    median = statistics.fmean(o.step_median_ms for o in runs)
+    spread = (
+        (max(o.step_mean_ms for o in runs) - min(o.step_mean_ms for o in runs)) / mean if mean > 0 else 0.0
+    )
+    noise = max(RUN_TO_RUN_NOISE, spread)
+    return StepPrediction(
+        Range(mean, mean / (1 + noise), mean * (1 + noise)),
+        Range(median, median / (1 + noise), median * (1 + noise)),
+        dict(terms_ms),
+    )
 
 
 def describe(changes: Sequence[Change]) -> str:
@@ -33,6 +54,7 @@ class AdviceContext:
     model_observations: Sequence[Observation] = ()  # every run the model was fitted to
     # The model's figures at the current setting, once: every recommendation is judged against them.
     _current: Predicted | None = field(default=None, init=False, repr=False)
+    _measured_current: Predicted | None = field(default=None, init=False, repr=False)
 
     @property
     def namespace(self) -> str | None:
@@ -49,14 +71,45 @@ class AdviceContext:
         data_ms_per_sample: float | None = None,
         fits: Sequence[CollectiveFit] | None = None,
     ) -> Predicted:
+        """What `setting` delivers: measured where a run given to the advice ran it as it is (the point is
+        the runs' mean step, the interval their run-to-run noise), else the model's prediction."""
         step = self.model.predict(setting, compute_scale, data_ms_per_sample, fits)
+        runs = (
+            self.measured_runs(setting)
+            if (compute_scale, data_ms_per_sample, fits) == (None, None, None)
+            else []
+        )
+        if runs:
+            step = measured_step(runs, step.terms_ms)
+            return replace(
+                outcome(setting, step, self.economics), measured_run=", ".join(o.run_id for o in runs)
+            )
         return outcome(setting, step, self.economics)
+
+    def measured_runs(self, setting: Setting) -> list[Observation]:
+        """The runs given that ran `setting` (every knob the model predicts for equal)."""
+        return [o for o in self.model_observations or (self.observation,) if observed_setting(o) == setting]
 
     @property
     def current(self) -> Predicted:
+        """The model's figures at the run's own setting: what a predicted setting is compared with (the
+        model's bias at this workload cancels)."""
         if self._current is None:
-            self._current = self.predict(self.setting)
+            step = self.model.predict(self.setting)
+            self._current = outcome(self.setting, step, self.economics)
         return self._current
+
+    @property
+    def measured_current(self) -> Predicted:
+        """The run's own setting as measured: what a measured setting is compared with."""
+        if self._measured_current is None:
+            self._measured_current = self.predict(self.setting)
+        return self._measured_current
+
+    def baseline(self, proposed: Predicted) -> Predicted:
+        """What `proposed` is judged against: a measurement against the measurement, a prediction against
+        the model's own figure here."""
+        return self.measured_current if proposed.measured_run is not None else self.current
 
     def skip(self, knob: str, reason: str) -> None:
         self.considered.append(Considered(knob, reason))
@@ -78,14 +131,20 @@ class AdviceContext:
         else None and a line in `considered` saying what the gain would have been (and `settle`: what
         measurement would decide it)."""
         objective = objective or self.objective
-        current = self.current
+        current = self.baseline(proposed)
         gain = relative_gain(current, proposed, objective)
         knob = describe(changes)
         if gain.value < self.min_gain:
             self.skip(
                 knob,
                 f"predicted {objective} change {gain.value:+.1%} [{gain.low:+.1%}, {gain.high:+.1%}], under the "
-                f"{self.min_gain:.0%} threshold",
+                f"{self.min_gain:.0%} threshold"
+                # Where the interval still reaches a gain, say what would settle it.
+                + (
+                    f"; it may gain up to {gain.high:+.1%}: {settle}"
+                    if settle and gain.high >= self.min_gain
+                    else ""
+                ),
             )
             return None
         if gain.low <= 0:  # the evidence does not rule out a loss: say what would settle it instead

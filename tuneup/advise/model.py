@@ -9,6 +9,7 @@ These sit above the run's analysis (tuneup.analyze.model) and are written with i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tuneup.analyze.model import decimals, significant
@@ -18,13 +19,35 @@ from tuneup.analyze.model import decimals, significant
 MIN_GAIN = 0.05
 
 
+# Tests set this to make a Range whose ends are out of order, or leave out its point, raise instead of being
+# repaired: the repair keeps a defect from ever being printed, the raise finds the defect's cause.
+STRICT_INTERVALS = False
+
+
+class IntervalError(ValueError):
+    """A Range built with its ends out of order or without its point (raised only under STRICT_INTERVALS)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Range:
-    """A predicted figure and its interval (roughly 90%: the fit's uncertainty and the model's own error)."""
+    """A predicted figure and its interval (roughly 90%: the fit's uncertainty and the model's own error).
+
+    Always ordered, low ≤ value ≤ high: every Range passes through this constructor, and one whose ends
+    came out swapped or beside its point (a defect upstream) is widened to hold them all, so that no
+    impossible interval is ever printed."""
 
     value: float = significant(5)
     low: float = significant(5)
     high: float = significant(5)
+
+    def __post_init__(self) -> None:
+        v, lo, hi = self.value, self.low, self.high
+        if any(math.isnan(x) for x in (v, lo, hi)) or lo <= v <= hi:
+            return
+        if STRICT_INTERVALS:
+            raise IntervalError(f"interval out of order: value {v!r}, low {lo!r}, high {hi!r}")
+        object.__setattr__(self, "low", min(v, lo, hi))
+        object.__setattr__(self, "high", max(v, lo, hi))
 
     def scaled(self, factor: float) -> Range:
         lo, hi = sorted((self.low * factor, self.high * factor))
@@ -67,6 +90,8 @@ class Predicted:
     goodput_samples_per_s: Range | None = None
     statistical_efficiency: float | None = decimals(4, None)
     breakdown_ms: dict[str, float] | None = decimals(3, None)  # the model's terms for this setting
+    # The run(s) that measured this setting, where one did: the figures are then theirs, not the model's.
+    measured_run: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ alone, so that advice can be given from a report.json as well as from a run dire
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
@@ -55,6 +56,14 @@ class Observation:
     num_workers: int | None
     pin_memory: bool | None
     persistent_workers: bool | None
+    # TuneupDDPStrategy as the run used it (None: DDP's exact all-reduce), so that advice never proposes what
+    # the run already has, and the parameter average's measured time where the run averaged (per average).
+    local_sgd_period: int | None = None
+    compression: str | None = None  # "fp16", "bf16" or "powersgd"
+    averaging_ms: float | None = None
+    run_steps: int | None = None  # optimizer steps the run was set to take (max_steps), else took
+    # Whether the host's CPU has bf16 arithmetic (AVX512-BF16 or AMX); None: not recorded.
+    cpu_bf16: bool | None = None
 
     @property
     def samples_per_step(self) -> int:
@@ -125,6 +134,12 @@ def observe(analysis: RunAnalysis) -> Observation:
     hw = run.hardware
     mem_totals = [g.mem_total_bytes for g in analysis.telemetry.gpus if g.mem_total_bytes]
     ranks_per_node = max(1, run.world_size // max(1, run.num_nodes))
+    local_sgd_period, compression, averaging = _sync_strategy(analysis, step.median_ms)
+    host = analysis.environment.host or {}
+    cpu_bf16 = host.get("cpu_bf16")
+    run_steps = run.max_steps if run.max_steps and run.max_steps > 0 else None
+    if run_steps is None and run.last_step is not None:
+        run_steps = run.last_step + 1
     return Observation(
         run_id=run.run_id,
         batch_size=int(batch),
@@ -164,4 +179,35 @@ def observe(analysis: RunAnalysis) -> Observation:
         num_workers=loader.num_workers,
         pin_memory=loader.pin_memory,
         persistent_workers=loader.persistent_workers,
+        local_sgd_period=local_sgd_period,
+        compression=compression,
+        averaging_ms=averaging,
+        run_steps=run_steps,
+        cpu_bf16=cpu_bf16 if isinstance(cpu_bf16, bool) else None,
     )
+
+
+_LOCAL_SGD = re.compile(r"local SGD, H=(\d+)")
+
+
+def _sync_strategy(analysis: RunAnalysis, median_ms: float) -> tuple[int | None, str | None, float | None]:
+    """(local SGD period, compression, the parameter average's time in ms) of the TuneupDDPStrategy the run
+    used, from its section's label (tuneup.sync.config.SyncConfig.label spells it). The average's time: a
+    local SGD run's mean step in the strategy's phase is the local step (the median, H > 2) plus one
+    average every H steps."""
+    sync = analysis.sync_strategy
+    if sync is None:
+        return None, None, None
+    label = sync.label
+    match = _LOCAL_SGD.search(label)
+    if match:
+        period = int(match.group(1))
+        averaging = None
+        if sync.strategy_step_ms is not None and period > 2 and sync.strategy_steps_timed > 0:
+            averaging = max(0.0, sync.strategy_step_ms - median_ms) * period
+        return period, None, averaging
+    lowered = label.lower()
+    for name in ("fp16", "bf16", "powersgd"):
+        if name in lowered:
+            return None, name, None
+    return None, None, None

@@ -51,6 +51,17 @@ MODEL_ERROR = 0.05
 # Two-sided ~90% interval from a standard error.
 Z90 = 1.645
 GAMMA_MAX = 20.0  # beyond this the overlap is complete for any practical purpose
+# Beyond twice the one batch size seen, compute can grow faster than the batch (caches and memory bandwidth
+# overrun at large batches): the prior's upper end grows by (b / 2b₀)^this on top of proportional. Measured:
+# batch 256 -> 1024 of a CPU MLP gained +6% and +20% where compute proportional to the batch gave +11% at least.
+SUPERLINEAR_EXPONENT = 0.25
+# Local SGD's parameter average where no run measured it. The link fit comes from DDP's buckets; one flat
+# buffer of every parameter on gloo adds CPU copies and overlaps nothing: measured 350 ms against 55 ms by the
+# fit held to the run's collectives (2 gloo ranks, a large embedding). Unmeasured, its time spans the fit to
+# this many times it, the point their geometric mean.
+UNMEASURED_AVERAGE_FACTOR = 8.0
+# The shortest step the interval may reach (ms): a defect upstream must not turn into a negative rate.
+MIN_STEP_MS = 1e-6
 
 
 class ModelError(ValueError):
@@ -75,19 +86,24 @@ class _Line:
     mean_b: float = 0.0
     sxx: float = 0.0
     prior: str | None = None
+    seen_b: float | None = None  # the one batch size seen, where the line is a prior
 
     def at(self, b: float) -> float:
-        return self.intercept_ms + self.slope_ms * b
+        """The term at batch size `b`; a time, never below zero."""
+        return max(0.0, self.intercept_ms + self.slope_ms * b)
 
     def spread(self, b: float) -> tuple[float, float]:
-        """(low, high) of C(b) from the fit alone."""
+        """(low, high) of the term at `b` from the fit alone, never below zero."""
         value = self.at(b)
         if self.extremes:
-            values = [a + s * b for a, s in self.extremes]
-            return min(*values, value), max(*values, value)
+            values = [max(0.0, a + s * b) for a, s in self.extremes]
+            low, high = min(*values, value), max(*values, value)
+            if self.seen_b and b > 2 * self.seen_b:
+                high *= (b / (2 * self.seen_b)) ** SUPERLINEAR_EXPONENT
+            return low, high
         if self.se_ms is not None and self.n > 2:
             half = Z90 * self.se_ms * math.sqrt(1 / self.n + (b - self.mean_b) ** 2 / max(self.sxx, 1e-12))
-            return value - half, value + half
+            return max(0.0, value - half), value + half
         return value, value
 
 
@@ -103,8 +119,11 @@ def _fit_line(points: Sequence[tuple[float, float]]) -> _Line:
             extremes=((0.0, c / b), (c, 0.0)),
             prior=(
                 f"one batch size seen ({int(b)}): compute at batch size 0 fixed at half the measured compute "
-                "(AdaptDL's prior); the interval spans compute proportional to the batch and compute fixed"
+                "(AdaptDL's prior); the interval spans compute proportional to the batch and compute fixed "
+                "(and, beyond twice the batch, compute growing faster than it), the data wait and the loop's "
+                "own time each fixed or proportional"
             ),
+            seen_b=b,
         )
     n = len(points)
     mean_b = statistics.fmean(b for b, _ in points)
@@ -114,6 +133,29 @@ def _fit_line(points: Sequence[tuple[float, float]]) -> _Line:
     slope = max(0.0, slope)  # compute never falls as the batch grows
     intercept = max(0.0, mean_c - slope * mean_b)
     residuals = [c - (intercept + slope * b) for b, c in points]
+    se = math.sqrt(sum(r * r for r in residuals) / (n - 2)) if n > 2 else None
+    return _Line(intercept, slope, se_ms=se, n=n, mean_b=mean_b, sxx=sxx)
+
+
+def _fit_term(points: Sequence[tuple[float, float]], proportional: bool) -> _Line:
+    """A per-micro-batch time other than compute (the data wait, the loop's own time) against batch size.
+    Two or more batch sizes: the least-squares line through them, a slope of either sign (a loader's wait
+    can shrink as the compute it hides behind grows), so that the model reproduces each run it was fitted
+    to. One: `proportional` picks the point (the term grows with the batch, or stays fixed), and the
+    interval spans both."""
+    sizes = {b for b, _ in points}
+    mean_v = statistics.fmean(v for _, v in points)
+    if len(sizes) == 1:
+        b = points[0][0]
+        fixed, scaled = (mean_v, 0.0), (0.0, mean_v / b)
+        a, k = scaled if proportional else fixed
+        return _Line(a, k, extremes=(fixed, scaled))
+    n = len(points)
+    mean_b = statistics.fmean(b for b, _ in points)
+    sxx = sum((b - mean_b) ** 2 for b, _ in points)
+    slope = sum((b - mean_b) * (v - mean_v) for b, v in points) / sxx
+    intercept = mean_v - slope * mean_b
+    residuals = [v - (intercept + slope * b) for b, v in points]
     se = math.sqrt(sum(r * r for r in residuals) / (n - 2)) if n > 2 else None
     return _Line(intercept, slope, se_ms=se, n=n, mean_b=mean_b, sxx=sxx)
 
@@ -180,9 +222,12 @@ class Overlap:
 class StepTimeModel:
     base: Observation  # the run whose setting is "current"
     backward_share: float
-    data_ms_per_sample: float
+    data_ms_per_sample: float  # at the base run's batch (what a loader change replaces: δ·b)
     optimizer_ms: float
-    other_ms: float  # per micro-batch: the trainer's per-batch collectives and the loop's own time
+    other_ms: float  # per micro-batch at the base run's batch: Lightning's per-batch collectives and the loop
+    # Per micro-batch against batch size, fitted like compute (one batch size: fixed or proportional).
+    data_line: _Line
+    other_line: _Line
     fits: tuple[CollectiveFit, ...]
     bucket_bytes: tuple[float, ...]
     # The measured collective time per step over the link model's, at the base run: the model predicts
@@ -198,6 +243,9 @@ class StepTimeModel:
     world_sizes: tuple[int, ...]
     batch_sizes: tuple[int, ...]
     notes: list[str] = field(default_factory=list)
+    # Local SGD's parameter average as measured (ms per average) by world size, where a run used it.
+    averaging_ms: dict[int, float] = field(default_factory=dict)
+    run_steps: int | None = None  # the base run's length, over which the strategy's warm-up is spread
 
     @property
     def line(self) -> _Line:
@@ -218,8 +266,7 @@ class StepTimeModel:
     # -- prediction ----------------------------------------------------------------------------------
 
     def setting(self) -> Setting:
-        b = self.base
-        return Setting(b.batch_size, b.accumulation, b.world_size, b.precision, b.num_workers)
+        return observed_setting(self.base)
 
     def predict(
         self,
@@ -232,8 +279,14 @@ class StepTimeModel:
         `data_ms_per_sample` replaces the loader's wait; `fits` another link's alpha-beta."""
         b, s, p = setting.batch_size, setting.accumulate_grad_batches, setting.world_size
         scale = compute_scale or Range(1.0, 1.0, 1.0)
-        delta = self.data_ms_per_sample if data_ms_per_sample is None else data_ms_per_sample
-        data = s * delta * b
+        if data_ms_per_sample is None:
+            data_mid = s * self.data_line.at(b)
+            data_ends = tuple(s * d for d in self.data_line.spread(b))
+        else:
+            data_mid = s * data_ms_per_sample * b
+            data_ends = (data_mid, data_mid)
+        other_mid = s * self.other_line.at(b)
+        other_ends = tuple(s * o for o in self.other_line.spread(b))
         link = fits if fits is not None else self.fits
         # Another link's fit is taken as it is; the run's own is held to what the run measured.
         link_scale = self.sync_scale if fits is None else 1.0
@@ -241,34 +294,42 @@ class StepTimeModel:
         sync_unknown = modelled is None
         sync = (modelled or 0.0) * link_scale
         period = setting.local_sgd_period
-        averaging = 0.0
+        averaging = (0.0, 0.0, 0.0)  # (point, low, high) per step
+        averaging_measured = False
         if period is not None:
             # Local SGD: backward sends nothing, and every H-th step waits for one all-reduce of the
             # parameters (the strategy averages them as one flat buffer) after the optimizer, fully exposed.
-            flat = sync_ms(link, (sum(self.bucket_bytes),), p) if self.bucket_bytes else None
-            averaging = (flat or 0.0) * link_scale / period
+            measured = self.averaging_ms.get(p) if fits is None else None
+            if measured is not None:
+                averaging_measured = True
+                averaging = (measured / period,) * 3
+            else:
+                flat = sync_ms(link, (sum(self.bucket_bytes),), p) if self.bucket_bytes else None
+                by_fit = (flat or 0.0) * link_scale / period
+                f = UNMEASURED_AVERAGE_FACTOR
+                averaging = (by_fit * math.sqrt(f), by_fit, by_fit * f)
             sync = 0.0
 
-        def step(v: Overlap, c: float, k: float, gamma: float | None) -> tuple[float, dict[str, float]]:
+        def step(
+            v: Overlap, c: float, k: float, gamma: float | None, data: float, other: float, average: float
+        ) -> tuple[float, dict[str, float]]:
             c *= k
             fwd, bwd = c * (1 - self.backward_share), c * self.backward_share
             last = fwd + overlapped_ms(bwd, sync, gamma if gamma is not None else GAMMA_MAX)
             # The averaging runs alone, between steps: it slows no compute.
             interference = self._interference(p, sync, v.interference_ms) if period is None else 0.0
-            total = (
-                data + (s - 1) * c + last + interference + self.optimizer_ms + s * self.other_ms + averaging
-            )
+            total = data + (s - 1) * c + last + interference + self.optimizer_ms + other + average
             terms = {
                 "data": data,
                 "compute": s * c,
                 "exposed_comm": last - fwd - bwd,
                 "interference": interference,
                 "optimizer": self.optimizer_ms,
-                "other": s * self.other_ms,
+                "other": other,
                 "sync_model": sync,
             }
             if period is not None:
-                terms["averaging"] = averaging
+                terms["averaging"] = average
             return total, terms
 
         point = self.variants[0]
@@ -277,13 +338,14 @@ class StepTimeModel:
             # A CPU rank without a spare core: gloo's reduction and copies run on the cores that compute,
             # so the collectives add to backward instead of hiding behind it.
             gamma = 1.0
-        mid, terms = step(point, point.line.at(b), scale.value, gamma)
-        # The interval: every reading of the overlap, the fit's compute range, the scale's ends, and, where γ
-        # is unknown, overlap anywhere from none to complete.
+        mid, terms = step(point, point.line.at(b), scale.value, gamma, data_mid, other_mid, averaging[0])
+        # The interval: every reading of the overlap; the fit's compute, data and loop ranges (the step
+        # grows with each, so their low ends go together, and their high ends); the scale's ends; the
+        # average's; and, where γ is unknown, overlap anywhere from none to complete.
         ends = [
-            step(v, c, k, g)[0]
+            step(v, c, k, g, d, o, a)[0]
             for v in self.variants
-            for c in v.line.spread(b)
+            for c, d, o, a in zip(v.line.spread(b), data_ends, other_ends, averaging[1:], strict=True)
             for k in (scale.low, scale.high)
             for g in ((v.gamma,) if v.gamma is not None or p <= 1 else (1.0, GAMMA_MAX))
         ]
@@ -293,11 +355,27 @@ class StepTimeModel:
             err = max(err, 0.10)
         if sync_unknown and p > 1:
             err = max(err, 0.25)
-        mean = Range(mid, lo * (1 - err), hi * (1 + err))
+        # The model's own error is a factor either way: dividing keeps the low end a time (a fit error of
+        # 100% or more once made `lo·(1 − err)` negative, and samples/s with it).
+        mean = _step_range(mid, lo, hi, err)
         typical = mean
         if period is not None and period > 2:
             # Most steps do not average: the median step is a local one.
-            typical = Range(mid - averaging, (lo - averaging) * (1 - err), (hi - averaging) * (1 + err))
+            typical = _step_range(mid - averaging[0], lo - averaging[1], hi - averaging[2], err)
+        if period is not None and not averaging_measured:
+            terms["averaging_unmeasured"] = 1.0
+        warmup = _local_sgd_warmup(period, self.run_steps)
+        if warmup > 0:
+            # The strategy's exact warm-up steps are part of the run: its mean step over the run's length.
+            exact = self.predict(
+                dataclasses.replace(setting, local_sgd_period=None), compute_scale, data_ms_per_sample, fits
+            ).mean_ms
+            mean = Range(
+                warmup * exact.value + (1 - warmup) * mean.value,
+                warmup * exact.low + (1 - warmup) * mean.low,
+                warmup * exact.high + (1 - warmup) * mean.high,
+            )
+            terms["warmup_share"] = warmup
         return StepPrediction(mean, typical.scaled(self.median_over_mean), terms)
 
     def _interference(self, world_size: int, sync: float, table: dict[int, float]) -> float:
@@ -332,6 +410,23 @@ class StepTimeModel:
             notes=list(self.notes),
             interference_measured=self.interference_known,
         )
+
+
+def _step_range(mid: float, low: float, high: float, err: float) -> Range:
+    """A step time and its interval: the ends widened by the model's relative error as a factor, and never
+    at or below zero."""
+    mid = max(mid, MIN_STEP_MS)
+    return Range(mid, max(min(low, mid) / (1 + err), MIN_STEP_MS), max(high, mid) * (1 + err))
+
+
+def _local_sgd_warmup(period: int | None, run_steps: int | None) -> float:
+    """The share of a run of `run_steps` that TuneupDDPStrategy(local_sgd_period=period) spends in its exact
+    warm-up (its defaults, tuneup/sync/config.py); 0 where the run's length is unknown."""
+    if period is None or not run_steps:
+        return 0.0
+    from tuneup.sync.config import SyncConfig
+
+    return min(1.0, SyncConfig(local_sgd_period=period).start_step / run_steps)
 
 
 # -- fitting -----------------------------------------------------------------------------------------
@@ -373,11 +468,22 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     compute_total = sum(o.forward_ms + o.backward_ms - (o.exposed_ms or 0.0) for o in observations)
     backward_total = sum(o.backward_ms - (o.exposed_ms or 0.0) for o in observations)
     backward_share = backward_total / compute_total if compute_total > 0 else 2 / 3
-    data_per_sample = statistics.fmean(o.data_ms / (o.accumulation * o.batch_size) for o in observations)
+    # The data wait and the loop's own time (with Lightning's collectives between batches, sync) come with
+    # every micro-batch: accumulation multiplies them. Each is a line in the batch size like compute, so
+    # that the model gives back every run it was fitted to (averaged across runs, the terms of a run at 32
+    # and one at 64 were each off by half their difference: "+19.5%" where the batch-64 run measured +31.9%).
+    data_line = _fit_term(
+        [(o.batch_size, o.data_ms / o.accumulation) for o in observations], proportional=True
+    )
+    other_line = _fit_term(
+        [(o.batch_size, (o.other_ms + o.sync_ms) / o.accumulation) for o in observations], proportional=False
+    )
+    data_per_sample = data_line.at(base.batch_size) / base.batch_size
+    other = other_line.at(base.batch_size)
     optimizer = statistics.fmean(o.optimizer_ms for o in observations)
-    # The loop's own time and Lightning's collectives between batches (sync) come with every batch, not
-    # every optimizer step: accumulation multiplies them.
-    other = statistics.fmean((o.other_ms + o.sync_ms) / o.accumulation for o in observations)
+    averaging = {
+        o.world_size: o.averaging_ms for o in observations if o.averaging_ms is not None and o.world_size > 1
+    }
     median_over_mean = statistics.fmean(o.step_median_ms / o.step_mean_ms for o in observations)
 
     # Collectives: the link fit and buckets of the multi-rank run closest to the base, held to the time
@@ -470,6 +576,8 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
         data_ms_per_sample=data_per_sample,
         optimizer_ms=optimizer,
         other_ms=other,
+        data_line=data_line,
+        other_line=other_line,
         fits=tuple(fits),
         bucket_bytes=buckets,
         sync_scale=sync_scale,
@@ -482,15 +590,29 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
         world_sizes=tuple(sorted(by_world)),
         batch_sizes=tuple(sorted({o.batch_size for o in observations})),
         notes=notes,
+        averaging_ms=averaging,
+        run_steps=base.run_steps,
     )
     # In-sample error: how far the model lands on the runs it was fitted to.
     errors = []
     for o in observations:
-        predicted = model.predict(
-            Setting(o.batch_size, o.accumulation, o.world_size, o.precision, o.num_workers)
-        ).mean_ms.value
-        errors.append(abs(predicted / o.step_mean_ms - 1))
+        predicted = model.predict(observed_setting(o)).mean_ms.value
+        errors.append(abs(predicted / o.step_mean_ms - 1) if o.step_mean_ms > 0 else 0.0)
     return dataclasses.replace(model, fit_error=max(errors) if len(observations) > 1 else None)
+
+
+def observed_setting(o: Observation) -> Setting:
+    """The setting a run measured, as the model predicts for it."""
+    factor = 0.5 if o.compression in ("fp16", "bf16") else 1.0
+    return Setting(
+        o.batch_size,
+        o.accumulation,
+        o.world_size,
+        o.precision,
+        o.num_workers,
+        comm_bytes_factor=factor,
+        local_sgd_period=o.local_sgd_period,
+    )
 
 
 def _bandwidth_through(o: Observation) -> CollectiveFit:

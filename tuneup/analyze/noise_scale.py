@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from tuneup.analyze.model import NoiseScale
+from tuneup.analyze.model import NoiseScale, RunInfo
 from tuneup.record.schema import Run, StepRecord
 
 METHODS = {
@@ -42,6 +43,62 @@ FEW_STEPS = 50
 Z_95 = 1.959964
 # Comm hooks whose reduced gradient is not the exact average: its norm, and so |G_big|², is biased.
 _LOSSY_HOOKS = ("powersgd", "compress", "quantiz")
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseVerdict:
+    """What a run says of its gradient noise scale, in one place for the report and the advice.
+
+    kind: "measured" (B_simple with a bounded interval), "lower bound" (B_simple, unbounded above),
+    "no signal" (measured, but the mean |G|² estimate was not positive: the gradient's signal is below its
+    noise at these batches, or there is none, as with random labels), "not measured" (why says why)."""
+
+    kind: str
+    b_simple: float | None  # what goodput may weigh with: a positive estimate, else None
+    text: str  # the verdict in words, a sentence without its full stop
+
+
+def noise_verdict(ns: NoiseScale | None, run: RunInfo) -> NoiseVerdict:
+    if ns is None:
+        strategy = (run.strategy or "").lower()
+        if "fsdp" in strategy or "fully_shard" in strategy or "modelparallel" in strategy:
+            why = "FSDP runs do not record it"
+        elif run.world_size <= 1 and run.accumulate_grad_batches < 2:
+            why = (
+                "it needs two batch sizes per step, which one rank without gradient accumulation does not give "
+                "(DDP with 2 or more ranks, or accumulate_grad_batches of 2 or more, does)"
+            )
+        else:
+            why = (
+                "no steady step recorded the two gradient norms (TuneupCallback's noise scale off, or the "
+                "collective probe off)"
+            )
+        return NoiseVerdict("not measured", None, f"the gradient noise scale was not measured: {why}")
+    batches = f"batches {ns.small_batch} and {ns.big_batch}"
+    if ns.b_simple is None or ns.b_simple <= 0:
+        return NoiseVerdict(
+            "no signal",
+            None,
+            f"the gradient noise scale was measured over {ns.steps} steps at {batches} and came out with no "
+            "signal: the mean |G|² estimate is not positive, so the gradient's noise swamps its signal. B_simple "
+            f"is larger than these batches can measure (far above {ns.big_batch}), or the gradient has no "
+            "signal at all (random labels); a larger batch loses no statistical efficiency that can be "
+            "measured here",
+        )
+    if ns.ci_high is None:
+        low = f"at least {ns.ci_low:.4g}" if ns.ci_low is not None else "unbounded above"
+        return NoiseVerdict(
+            "lower bound",
+            ns.b_simple,
+            f"the gradient noise scale B_simple is about {ns.b_simple:.4g} samples ({low}: |G|² is barely "
+            f"above zero at {batches})",
+        )
+    return NoiseVerdict(
+        "measured",
+        ns.b_simple,
+        f"the gradient noise scale B_simple is about {ns.b_simple:.4g} samples (95% interval {ns.ci_low:.4g} "
+        f"to {ns.ci_high:.4g}, {batches})",
+    )
 
 
 def statistical_efficiency(b_noise: float, b_reference: float, b: float) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tuneup.analyze.model import NoiseScale, RunAnalysis
+from tuneup.analyze.noise_scale import noise_verdict
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import Block, Bullets, KeyValues, Metric, Metrics, Paragraph, figures
 from tuneup.report.format import MISSING, count, figure, is_number, number
@@ -15,16 +16,10 @@ from tuneup.report.plotting import figure as new_figure
 ID = "noise-scale"
 TITLE = "Gradient noise scale"
 
-NOT_MEASURED = (
-    "Not measured: the gradient noise scale needs two batch sizes per step, which DDP (2 or more ranks) or "
-    "gradient accumulation (accumulate_grad_batches of 2 or more) gives; FSDP runs do not record it."
-)
-
-
 def b_simple_text(ns: NoiseScale) -> str:
     """The headline, in words: a number with its interval, or why there is none."""
     if not is_number(ns.b_simple):
-        return f"larger than can be measured at batch {ns.big_batch}"
+        return f"no signal: larger than can be measured at batch {ns.big_batch}, or none at all"
     if is_number(ns.ci_low) and is_number(ns.ci_high):
         return f"{number(ns.b_simple)} (95% interval {number(ns.ci_low)} to {number(ns.ci_high)})"
     if is_number(ns.ci_low):
@@ -35,7 +30,9 @@ def b_simple_text(ns: NoiseScale) -> str:
 def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     ns = analysis.noise_scale
     if ns is None:
-        return [Paragraph(NOT_MEASURED, True)]
+        # The same verdict as the advice's (tuneup.analyze.noise_scale.noise_verdict), with its reason.
+        verdict = noise_verdict(None, analysis.run)
+        return [Paragraph(verdict.text[0].upper() + verdict.text[1:] + ".", True)]
     out: list[Block] = [
         Metrics(
             (
