@@ -47,7 +47,9 @@ def test_bounded_size_keeps_detail_then_a_sample(tmp_path: Path) -> None:
     run = load_run(make_run(tmp_path / "run", steps=5000, policy=policy))
     kept = [s.step for s in run.steps(0)]
     assert kept[:100] == list(range(100))
-    assert kept[100:] == list(range(100, 5000, 50))
+    # Past the detail, the multiples of 53: the first prime from 50, so that no round period is favoured.
+    assert policy.sample_stride == 53
+    assert kept[100:] == list(range(106, 5000, 53))
     assert len(run.ranks[0].windows) == 50
     assert sum(w.count for w in run.ranks[0].windows) == 5000  # every step is in an aggregate
 

@@ -188,17 +188,45 @@ def test_young_daly_interval() -> None:
 class InterruptAt(L.Callback):
     """Ctrl-C in the middle of training."""
 
+    def __init__(self, step: int = 3) -> None:
+        self.step = step
+
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-        if trainer.global_step >= 3:
+        if trainer.global_step >= self.step:
             raise KeyboardInterrupt
 
 
 def test_a_keyboard_interrupt_closes_the_record_as_interrupted(tmp_path: Path) -> None:
+    from tuneup.report import analyze, write_report
+    from tuneup.report.advice import advice_for
+    from tuneup.report.terminal import render_terminal
+
     callback = TuneupCallback(dirpath=tmp_path / "run")
+    # Saves every step: the record has timed saves, as the run the issue reported had.
+    saver = L.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1)
     with pytest.raises((KeyboardInterrupt, SystemExit)):  # Lightning turns it into SystemExit(1)
-        fit(tmp_path, [callback, InterruptAt()], max_steps=20)
+        fit(tmp_path, [callback, saver, InterruptAt(12)], max_steps=30)
     run = load_run(tmp_path / "run")
     info = run.ranks[0].info
     assert info.closed and info.raw["status"] == "interrupted"
-    assert [s.step for s in run.steps(0)] == [0, 1, 2]
+    assert info.raw["stop_reason"] == "user_interrupt"
+    assert [s.step for s in run.steps(0)] == list(range(12))
     assert run.warnings == []
+
+    # A user's Ctrl-C is a stop, said as the reason the fit stopped; it is no interruption, and nothing
+    # plans checkpoints for it.
+    analysis = analyze(tmp_path / "run")
+    assert analysis.timeline is not None and analysis.timeline.stop_reason == "user_interrupt"
+    section = analysis.interruptions
+    assert section is not None and section.interruptions == 0 and section.user_stops == 1
+    assert section.checkpoint_save_s  # the saves were timed: only the stop keeps the advice away
+    advice = advice_for(analysis)
+    assert not isinstance(advice, str)
+    assert not [r for r in advice.recommendations if r.id == "checkpoint.interval"]
+    (why,) = [c.reason for c in advice.considered if c.knob == "checkpoint interval"]
+    assert "stopped by the user" in why
+    assert "stopped because the user interrupted it (Ctrl-C)" in render_terminal(analysis)
+    written = write_report(tmp_path / "run", tmp_path / "report", "md,html")
+    for fmt in ("md", "html"):
+        page = written.path(fmt).read_text()  # type: ignore[union-attr]
+        assert "the user interrupted it (Ctrl-C)" in page and "Save a checkpoint every" not in page

@@ -36,7 +36,13 @@ from tuneup.collect.environment import redact_value
 from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import CudaEventTimer, HostTimer, StepClock
 from tuneup.cost.pricing import PriceChoice, check_choice, choice_from_env
-from tuneup.plugins.lightning.introspect import dataloader_config, model_summary, stop_reason, trainer_config
+from tuneup.plugins.lightning.introspect import (
+    dataloader_config,
+    exception_stop_reason,
+    model_summary,
+    stop_reason,
+    trainer_config,
+)
 from tuneup.plugins.lightning.run_dir_handoff import RunDirHandoff
 from tuneup.plugins.lightning.trainer_taps import TrainerTaps
 from tuneup.plugins.lightning.trial import TrialControl, trial_run_dir
@@ -220,9 +226,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             asynchronous kernels (two reads of the gradients at memory bandwidth, small beside a step that
             computes on them) and the host, which runs ahead, times neither them nor the step; force a k
             for a model where they are not small. An integer forces one step in that many
-            (1: every step, as before). Past ``detail_steps``, only steps the record keeps (one in
-            ``sample_every``) take the norms. The record's ``noise_scale_sampling`` event gives the final
-            k and the times it was chosen from.
+            (1: every step, as before). Past ``detail_steps``, only steps the record keeps (about one in
+            ``sample_every``: ``RecordingPolicy.sample_stride``) take the norms. The record's
+            ``noise_scale_sampling`` event gives the final k and the times it was chosen from.
 
     Without ``instance`` or ``price_per_hour``, the environment may price the run: ``TUNEUP_INSTANCE``
     (with ``TUNEUP_SPOT=1``, ``TUNEUP_CATALOG``) or ``TUNEUP_PRICE_PER_HOUR`` (with ``TUNEUP_PRICE_PER``).
@@ -807,7 +813,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         # lockstep), and a longer step makes the norms look cheaper than they are.
         self._noise_step_start = time.perf_counter()
         policy = self.policy
-        kept_every = 1 if self._noise_steps_seen < policy.detail_steps else policy.sample_every
+        kept_every = 1 if self._noise_steps_seen < policy.detail_steps else policy.sample_stride
         taken = self._noise_sampling.takes(self._steps_done, kept_every)
         self._noise_taken = taken
         if self._comm is not None and self._noise_method == "ddp":
@@ -1238,7 +1244,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                     type=type(exception).__name__,
                     message=redact_value("", str(exception))[:500],
                 )
-            self._shutdown("interrupted" if isinstance(exception, KeyboardInterrupt) else "exception")
+            # The status says how the record closed; the stop reason why the fit ended (a user's Ctrl-C is a
+            # stop, not an interruption: tuneup.analyze.interruptions).
+            self._shutdown(
+                "interrupted" if isinstance(exception, KeyboardInterrupt) else "exception",
+                stop_reason=exception_stop_reason(trainer, exception),
+            )
         except Exception as exc:
             warn_once("on_exception", f"closing the record after an exception failed: {exc}")
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuneup.record.schema import STOP_USER_INTERRUPT
+
 
 def _get(obj: Any, name: str) -> Any:
     try:
@@ -105,6 +107,18 @@ def stop_reason(trainer: Any) -> str:
     return "end_of_data"
 
 
+def exception_stop_reason(trainer: Any, exception: BaseException) -> str:
+    """Why the fit ended, given the exception Lightning's `on_exception` received. A user's Ctrl-C is a
+    decision to stop, not an interruption to plan checkpoints for; a SIGTERM (a preemption, a scheduler's
+    time limit) or a crash is."""
+    if isinstance(exception, KeyboardInterrupt):
+        return STOP_USER_INTERRUPT
+    # Lightning raises SIGTERMException (a SystemExit) at the next step after its SIGTERM handler ran.
+    if type(exception).__name__ == "SIGTERMException" or getattr(trainer, "received_sigterm", False):
+        return "sigterm"
+    return "exception"
+
+
 def _first_dataloader(obj: Any, depth: int = 0) -> Any:
     if obj is None or depth > 3:
         return None
@@ -167,4 +181,26 @@ def model_summary(pl_module: Any) -> dict[str, Any]:
         "parameters": total,
         "trainable_parameters": trainable,
         "automatic_optimization": _get(pl_module, "automatic_optimization"),
+        "compiled": compiled_modules(pl_module),
     }
+
+
+def compiled_modules(pl_module: Any) -> list[str] | None:
+    """The modules `torch.compile` wraps, by name ("" for the LightningModule itself), seen at setup; None
+    where they cannot be listed. Compilation runs at each graph's first call (the sanity check's first
+    validation step, the first training step), so the report can say whose time it is."""
+    try:
+        found = []
+        # `trainer.fit(torch.compile(model))`: Lightning unwraps the module and keeps the compile context.
+        if getattr(pl_module, "_compiler_ctx", None):
+            found.append("")
+        for name, module in pl_module.named_modules():
+            # `torch.compile(submodule)` wraps it in an OptimizedModule; `module.compile()` compiles in place.
+            wrapped = type(module).__name__ == "OptimizedModule" or getattr(
+                module, "_compiled_call_impl", None
+            )
+            if wrapped and name not in found:
+                found.append(name)
+        return found
+    except Exception:
+        return None

@@ -12,6 +12,10 @@ interruptions, so it is known only where the record has at least one. The interv
 ~90% interval for a Poisson count of n interruptions (Wilson–Hilferty), τ* held at the proposal.
 
 Downtime per interruption (restart, requeue) is lost whatever the interval, so it is left out of both.
+
+A fit the user stopped (Ctrl-C) is no interruption (tuneup.analyze.interruptions): it says nothing of how
+often the job is interrupted, and nothing is recommended from it. The evidence puts the model's loss in
+seconds beside the time the report counts as lost, so that the two can be read together.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Change, Range, Recommendation
 from tuneup.analyze.interruptions import young_daly_interval_s
+from tuneup.analyze.model import Interruptions
 
 Z90 = 1.645
 OBJECTIVE = "time lost to interruptions"
@@ -44,11 +49,14 @@ def poisson_rate_interval(events: int, span_s: float) -> tuple[float, float]:
 
 
 def _duration(s: float) -> str:
+    # Never "0 s": an interval under ten seconds keeps its significant digits.
     if s >= 3600:
         return f"{s / 3600:.1f} h"
     if s >= 60:
         return f"{s / 60:.0f} min"
-    return f"{s:.0f} s"
+    if s >= 10:
+        return f"{s:.0f} s"
+    return f"{s:.2g} s"
 
 
 def recommend(ctx: AdviceContext) -> list[Recommendation]:
@@ -56,6 +64,13 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     knob = "checkpoint interval"
     if section is None:
         ctx.skip(knob, "the analysis has no interruption figures")
+        return []
+    if not section.interruptions and section.user_stops:
+        ctx.skip(
+            knob,
+            "the run was stopped by the user (Ctrl-C), which is no interruption: it says nothing of how often "
+            "the job is interrupted, so there is nothing to plan checkpoints for",
+        )
         return []
     if not section.interruptions or not section.mtbf_s:
         ctx.skip(
@@ -97,21 +112,21 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         return []
     step_s = (ctx.observation.step_mean_ms / 1000.0) * (1 + (_loop_overhead(ctx) or 0.0))
     steps = max(1, round(best / step_s))
-    python, yaml = code.model_checkpoint(ctx.namespace, steps, best)
+    # The time-based form only where it is a whole number of seconds: timedelta(seconds=0) saves never.
+    python, yaml = code.model_checkpoint(ctx.namespace, steps, best if round(best) >= 1 else None)
     evidence = [
         f"{n} interruption(s) in {_duration(run_s)}: mean time between interruptions {_duration(mtbf)}",
-        f"a checkpoint save takes {save_s:.2f} s (median of {saves} timed)",
+        f"a checkpoint save takes {save_s:.2g} s (median of {saves} timed)",
         f"the run saved every {_duration(current)} on average: expected loss {now:.2%} of the wall time "
         f"(C/τ + τ/2M); at τ* = sqrt(2·C·M) = {_duration(best)}, {then:.2%}",
         f"{_duration(best)} is {steps} training steps at {step_s * 1000:.0f} ms per step (loop overhead included)",
+        _against_the_record(section, now, current, save_s, run_s, n),
     ]
     caveats = [
         "the interval rests on the interruptions this record saw; with few of them the MTBF is uncertain "
         "(the interval of the gain spans its ~90% range)",
         'a restart resumes from the last checkpoint only with save_last=True and ckpt_path="last"',
     ]
-    if section.lost_s:
-        evidence.append(f"lost so far: {_duration(section.lost_s)} (downtime and work redone)")
     return [
         Recommendation(
             id="checkpoint.interval",
@@ -128,6 +143,28 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             caveats=caveats,
         )
     ]
+
+
+def _against_the_record(
+    section: Interruptions, now: float, current_s: float, save_s: float, run_s: float, interruptions: int
+) -> str:
+    """The model's loss at the run's own interval in seconds, beside what the report counts as lost: the
+    gain is a share of the first, which the second shows only once a resumed segment has redone the work."""
+    saves_s = save_s * run_s / current_s
+    redo_s = interruptions * current_s / 2
+    lost = section.lost_s or 0.0
+    line = (
+        f"at the run's interval the model loses {_duration(now * run_s)} of its {_duration(run_s)} "
+        f"({_duration(saves_s)} saving, {_duration(redo_s)} of work redone, half an interval per "
+        f"interruption); the report counts {_duration(lost)} lost so far (downtime and work redone)"
+    )
+    resumed = sum(1 for seg in section.segments if seg.redone_steps is not None)
+    if resumed < interruptions:
+        line += (
+            f"; {interruptions - resumed} interruption(s) not yet followed by a resumed segment: their "
+            "work since the last save is redone, and counted, only when the run resumes"
+        )
+    return line
 
 
 def _loop_overhead(ctx: AdviceContext) -> float | None:

@@ -1,7 +1,8 @@
 """Interruptions: a run's segments, the time and work each interruption cost, and how often to checkpoint.
 
 Each segment after the first began because the one before it ended early (a kill, a crash, a pre-emption)
-or was restarted. An interruption costs the downtime between segments and the work redone: the steps
+or was restarted. A segment the user stopped (Ctrl-C) ended as its user chose: it is no interruption, and
+no checkpoint interval is planned for it (a SIGTERM's pre-emption or a kill still counts). An interruption costs the downtime between segments and the work redone: the steps
 between the checkpoint a segment resumed from and where the segment before it had got to.
 
 The checkpoint interval that minimizes the expected loss is Young/Daly's T = sqrt(2 x C x MTBF), with C
@@ -18,8 +19,8 @@ import statistics
 from tuneup._stats import finite
 from tuneup.analyze.model import Interruptions, Segment
 from tuneup.analyze.steady import steady_steps
-from tuneup.analyze.timeline import timed_events
-from tuneup.record.schema import Run
+from tuneup.analyze.timeline import rank_stop_reason, timed_events
+from tuneup.record.schema import STOP_USER_INTERRUPT, Run
 
 # Without an observed interruption the interval is shown for this MTBF, as an example only.
 EXAMPLE_MTBF_S = 24 * 3600.0
@@ -65,6 +66,13 @@ def checkpoint_save_s(segments: list[Run], steady_ms: list[float | None]) -> tup
 
 def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * save_s * mtbf_s)
+
+
+def stopped_by_user(run: Run) -> bool:
+    """Whether the user stopped this segment (Ctrl-C): every rank that closed says so. A rank that left no
+    closed record beside them is the stop's doing too (it was ended with the others)."""
+    reasons = [rank_stop_reason(rec) for rec in run.ranks.values() if rec.info.closed]
+    return bool(reasons) and all(reason == STOP_USER_INTERRUPT for reason in reasons)
 
 
 def _segment(run: Run, step_ms: float | None) -> Segment:
@@ -122,15 +130,15 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
     """The segments, what each interruption cost, and the recommended checkpoint interval."""
     steady_ms = [_steady_ms(run) for run in segments]  # one warm-up detection per segment
     rows = [_segment(run, ms) for run, ms in zip(segments, steady_ms, strict=True)]
+    by_user = [stopped_by_user(run) for run in segments]
     for i in range(1, len(rows)):
-        rows[i] = _after_interruption(rows[i - 1], rows[i])
+        if not by_user[i - 1]:
+            rows[i] = _after_interruption(rows[i - 1], rows[i])
     downtime_s = sum(r.downtime_before_s or 0.0 for r in rows)
     redone_s = sum(r.redone_s or 0.0 for r in rows)
-    # A segment that follows one that did not complete began with an interruption; a last one that did not
-    # complete is one more. Resuming a completed fit to train on is no interruption.
-    interruptions = sum(1 for before in rows[:-1] if not _completed(before)) + (
-        0 if rows and _completed(rows[-1]) else 1
-    )
+    # A segment that did not complete ended with an interruption, whether or not another followed it;
+    # resuming a completed fit to train on is none, and neither is a fit the user stopped.
+    interruptions = sum(1 for row, user in zip(rows, by_user, strict=True) if not (_completed(row) or user))
     span = [r for r in rows if r.start_unix is not None and r.end_unix is not None]
     run_s = (span[-1].end_unix - span[0].start_unix) if span else None  # type: ignore[operator]
     save_s, saves = checkpoint_save_s(segments, steady_ms)
@@ -171,4 +179,5 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
         rule="Young/Daly: interval = sqrt(2 x checkpoint save time x mean time between interruptions)",
         usd_all_segments=usd_all,
         usd_lost=usd_lost,
+        user_stops=sum(by_user),
     )

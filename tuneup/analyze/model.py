@@ -88,6 +88,12 @@ class RunInfo:
     timing: list[str]
     # How the ranks were started: "popen" (ddp), "spawn" (ddp_spawn), "fork" (ddp_fork); None for one process.
     start_method: str | None = None
+    # How the record sampled the steps: every step up to `detail_steps` steps, then one in `sample_every`
+    # (tuneup.record.writer.RecordingPolicy); `steps_seen` is how many steps ran (the most of any rank).
+    # None in reports written before these were kept, or where the record does not say.
+    steps_seen: int | None = None
+    detail_steps: int | None = None
+    sample_every: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -780,6 +786,8 @@ class Interruptions:
     rule: str
     usd_all_segments: float | None = decimals(6, default=None)
     usd_lost: float | None = decimals(6, default=None)
+    # Segments the user stopped (Ctrl-C): an end the user chose, not an interruption to plan checkpoints for.
+    user_stops: int = 0
 
 
 # -- operators (profiled steps) ----------------------------------------------------------------------
@@ -924,6 +932,13 @@ class Timeline:
     max_time_s: float | None = decimals(3)
     per_rank: list[RankTimeline]
     tuneup_start_s: float | None = decimals(3, None)  # tuneup's own start-up, inside setup
+    # The modules torch.compile wraps, seen at setup ("" the LightningModule itself; empty: none; None: not
+    # recorded). Compilation runs inside the first call of each graph: the sanity check's first validation
+    # step, the first training step.
+    compiled: list[str] | None = None
+    # The first training step's time above the steady step time (its compilation, when compiled, and the
+    # rest of its warm-up); None where the record has no steady step time to measure it against.
+    first_step_extra_s: float | None = decimals(3, None)
 
 
 @dataclass(frozen=True, slots=True)

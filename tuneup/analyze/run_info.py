@@ -90,7 +90,27 @@ def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
         ),
         timing=sorted({rec.info.timing for rec in run.ranks.values() if rec.info.timing}),
         start_method=t.get("start_method") if m.world_size > 1 else None,
+        **_sampling(run),
     )
+
+
+def _sampling(run: Run) -> dict[str, int | None]:
+    """How the record sampled the steps (tuneup.record.writer.RecordingPolicy): every step up to
+    `detail_steps`, then the multiples of a stride (`sample_stride`; records written before it was kept
+    used `sample_every` itself)."""
+    recording = run.manifest.recording
+    # A record still being written (or killed) has no steps_seen yet: its windows count every step so far.
+    seen = [
+        max(rec.info.steps_seen or 0, sum(w.count for w in rec.windows), len(rec.steps))
+        for rec in run.ranks.values()
+    ]
+    stride = recording.get("sample_stride", recording.get("sample_every"))
+    detail = recording.get("detail_steps")
+    return {
+        "steps_seen": max(seen) if seen and max(seen) else None,
+        "detail_steps": detail if isinstance(detail, int) else None,
+        "sample_every": stride if isinstance(stride, int) else None,
+    }
 
 
 # Fewer steady steps than this on every rank make no steady state: a mean of a couple of steps is those

@@ -8,6 +8,11 @@ Slow is measured against the steady step time as the lower quartile of the stead
 not their median: a plateau can cover half the steady steps (the case that warm-up used to swallow), and
 then the median sits between the two levels and nothing would read as slow.
 
+Past the record's `detail_steps` only one step in a stride is kept (tuneup.record.writer.RecordingPolicy:
+a prime stride, so that the kept steps are not the periodic logging or validation steps, which run slower).
+Each kept step then stands for the steps since the one kept before it: the steady step time and a period's
+share of the time weigh it so, and a dense stretch is not measured against a sampled one by step count.
+
 They are kept in the throughput and step-time figures on purpose: they are part of what the job delivered
 and was paid for, and a throughput that left them out would promise a speed the job did not have. The
 report says they are there, how much slower they ran and what share of the time they took, so a reader
@@ -53,6 +58,30 @@ class JobStep:
     step: int
     wall_ms: float  # the median over the ranks that recorded the step
     t_end: float  # unix seconds, as the lowest of those ranks recorded it
+    # How many steps it stands for: 1 where every step is kept, the gap since the step kept before it where
+    # the record samples.
+    weight: int = 1
+
+
+def _weighted(series: list[JobStep]) -> list[JobStep]:
+    return [
+        JobStep(s.step, s.wall_ms, s.t_end, max(1, s.step - series[i - 1].step) if i else 1)
+        for i, s in enumerate(series)
+    ]
+
+
+def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float) -> float:
+    """The q-quantile of `values`, each counted `weights` times (as plain `quantile` where all weigh 1)."""
+    if all(w == 1 for w in weights):
+        return quantile(sorted(values), q)
+    pairs = sorted(zip(values, weights, strict=True))
+    total = sum(weights)
+    seen = 0
+    for value, weight in pairs:
+        seen += weight
+        if seen >= q * total:
+            return value
+    return pairs[-1][0]
 
 
 def job_steps(steady: dict[int, list[StepRecord]]) -> list[JobStep]:
@@ -62,12 +91,12 @@ def job_steps(steady: dict[int, list[StepRecord]]) -> list[JobStep]:
     (the straggler finding's business) from reading as the job's."""
     if len(steady) == 1:
         (steps,) = steady.values()
-        return [JobStep(s.step, s.wall_ms, s.t_end) for s in steps]
+        return _weighted([JobStep(s.step, s.wall_ms, s.t_end) for s in steps])
     by_step: dict[int, tuple[list[float], float]] = {}
     for _, steps in sorted(steady.items()):
         for s in steps:
             by_step.setdefault(s.step, ([], s.t_end))[0].append(s.wall_ms)
-    return [JobStep(step, statistics.median(w), t) for step, (w, t) in sorted(by_step.items())]
+    return _weighted([JobStep(step, statistics.median(w), t) for step, (w, t) in sorted(by_step.items())])
 
 
 def _rolling_median(values: Sequence[float], width: int) -> list[float]:
@@ -81,8 +110,11 @@ def slow_periods(steady: dict[int, list[StepRecord]]) -> list[SlowPeriod]:
     if len(series) < MIN_STEADY_STEPS:
         return []
     walls = [s.wall_ms for s in series]
-    total_ms = sum(walls)
-    baseline_ms = quantile(sorted(walls), BASELINE_QUANTILE)
+    weights = [s.weight for s in series]
+    # What the steps took, each kept step counted for the steps it stands for.
+    spent_ms = [wall * weight for wall, weight in zip(walls, weights, strict=True)]
+    total_ms = sum(spent_ms)
+    baseline_ms = weighted_quantile(walls, weights, BASELINE_QUANTILE)
     if not (baseline_ms > 0 and math.isfinite(total_ms)):
         return []
     limit_ms = SLOW_FACTOR * baseline_ms
@@ -102,7 +134,7 @@ def slow_periods(steady: dict[int, list[StepRecord]]) -> list[SlowPeriod]:
         duration_s = last.t_end - (first.t_end - first.wall_ms / 1000.0)
         period = walls[i:j]
         median_ms = statistics.median(period)
-        share = sum(period) / total_ms
+        share = sum(spent_ms[i:j]) / total_ms
         # A damaged record (an infinite step, a clock that jumped) gives no figure to state: say nothing.
         figures_finite = all(math.isfinite(x) for x in (median_ms, duration_s, share))
         if j - i >= SLOW_MIN_STEPS and figures_finite and duration_s >= SLOW_MIN_S:

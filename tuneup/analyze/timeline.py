@@ -12,11 +12,13 @@ fall back to the first and last step, and say so in `RankTimeline.end`.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from tuneup._stats import finite, number
 from tuneup.analyze.model import RankTimeline, Timeline, TimelineInterval, TimelinePart
-from tuneup.record.schema import RankRecord, Run
+from tuneup.analyze.steady import warmup_steps
+from tuneup.record.schema import STOP_USER_INTERRUPT, RankRecord, Run
 
 # A fit that ended by one of these is over: a report never projects time "to go" for it.
 ENDED_REASONS = frozenset(
@@ -26,6 +28,33 @@ ENDED_REASONS = frozenset(
 
 def _num(raw: dict[str, Any], key: str) -> float | None:
     return number(raw.get(key))
+
+
+def rank_stop_reason(rec: RankRecord) -> str | None:
+    """Why this rank's fit ended, as its record says; None for a record that did not close (still running,
+    or killed). Records written before an exception's reason was kept say it by their status alone: the
+    callback closed a KeyboardInterrupt's as "interrupted", any other exception's as "exception"."""
+    reason = rec.info.raw.get("stop_reason")
+    if reason:
+        return str(reason)
+    return {"interrupted": STOP_USER_INTERRUPT, "exception": "exception"}.get(str(rec.info.raw.get("status")))
+
+
+def compiled_modules(run: Run) -> list[str] | None:
+    """The modules torch.compile wraps, as the callback saw them at setup; None where it did not look."""
+    compiled = run.manifest.model.get("compiled")
+    return [str(name) for name in compiled] if isinstance(compiled, list) else None
+
+
+def first_step_extra_s(rec: RankRecord) -> float | None:
+    """How much longer the fit's first training step took than the steady step (the median after warm-up,
+    as the analysis defines warm-up): its compilation under torch.compile, lazy initialisation, the first
+    batch. None without a steady step to measure against."""
+    walls = [s.wall_ms for s in rec.steps]
+    warm = warmup_steps(walls)
+    if len(walls) < 2 or warm >= len(walls):
+        return None
+    return finite(max(0.0, walls[0] - statistics.median(walls[max(1, warm) :])) / 1000.0)
 
 
 def training_steps_s(rec: RankRecord) -> tuple[float, int]:
@@ -162,9 +191,7 @@ def timeline(run: Run) -> Timeline | None:
     loop_extra = sum(
         p.seconds for p in main.parts if p.name in ("validation", "checkpoint_saves", "other_fit_loop")
     )
-    reasons = {
-        str(r.info.raw.get("stop_reason")) for r in run.ranks.values() if r.info.raw.get("stop_reason")
-    }
+    reasons = {reason for r in run.ranks.values() if (reason := rank_stop_reason(r))}
     stop = sorted(reasons)[0] if len(reasons) == 1 else (", ".join(sorted(reasons)) if reasons else None)
     process_start = _num(raw, "process_start_unix")
     return Timeline(
@@ -182,4 +209,6 @@ def timeline(run: Run) -> Timeline | None:
         max_time_s=_num(run.manifest.trainer, "max_time_s"),
         per_rank=per_rank,
         tuneup_start_s=_num(raw, "tuneup_start_s"),
+        compiled=compiled_modules(run),
+        first_step_extra_s=first_step_extra_s(rec),
     )

@@ -44,6 +44,8 @@ ENV_RUN_DIR = "TUNEUP_DIR"
 # Left by rank 0 in the run directory at setup; the other ranks look for it (a node that cannot see it
 # records to its own disk).
 RUN_MARKER_FILE = ".tuneup-run"
+# info.json's `stop_reason` for a fit the user stopped (Ctrl-C): an end the user chose, not an interruption.
+STOP_USER_INTERRUPT = "user_interrupt"
 
 # Collective kinds, named as torch.distributed names the operations.
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")

@@ -82,6 +82,19 @@ def parameters(value: object) -> str:
     return count(value)
 
 
+def recorded_steps(recorded: int, seen: int | None, detail: int | None, every: int | None) -> str:
+    """How many steps the record kept, and how it chose them where it did not keep them all:
+    "1,012 of 2,100 steps: every step up to 1,000, then one in 101"."""
+    if not (is_number(seen) and seen > recorded):
+        return count(recorded)
+    how = (
+        f": every step up to {count(detail)}, then one in {count(every)}"
+        if is_number(detail) and is_number(every)
+        else ""
+    )
+    return f"{count(recorded)} of {count(seen)} steps{how}"
+
+
 def duration(seconds: object) -> str:
     if not is_number(seconds):
         return text(seconds)

@@ -9,7 +9,17 @@ steady-state mean (THROUGHPUT_STATISTIC), and the step time says which statistic
 from __future__ import annotations
 
 from tuneup.analyze.model import Communication, Cost, Ranks, RankStep, RunAnalysis, StepTime, Telemetry
-from tuneup.report.format import duration, fraction_percent, is_number, large, ms, number, usd, usd_rate
+from tuneup.report.format import (
+    duration,
+    fraction_percent,
+    is_number,
+    large,
+    ms,
+    number,
+    recorded_steps,
+    usd,
+    usd_rate,
+)
 
 # Up to this many ranks (or GPUs) the terminal names each one; beyond, it prints how they spread and the
 # extremes, as the report does: a line per rank of a 1,024-rank job is read by nobody.
@@ -42,10 +52,9 @@ def render_terminal(analysis: RunAnalysis) -> str:
     elif not st.per_rank:
         lines.append("  no steps recorded")
     else:
-        lines.append(
-            f"  steps recorded {analysis.run.steps_recorded} per rank "
-            f"(first {analysis.warmup.steps} left out as warm-up)"
-        )
+        run = analysis.run
+        kept = recorded_steps(run.steps_recorded, run.steps_seen, run.detail_steps, run.sample_every)
+        lines.append(f"  steps recorded {kept} per rank (first {analysis.warmup.steps} left out as warm-up)")
         lines.append("")
         lines.extend(_speed_lines(analysis))
         lines.extend(_rank_lines(st, analysis.ranks))
@@ -71,17 +80,19 @@ def render_terminal(analysis: RunAnalysis) -> str:
 
 def _timeline_lines(analysis: RunAnalysis) -> list[str]:
     """How the fit's wall time divides, as the report's first view says it."""
-    from tuneup.report.sections.timeline import LABELS, STOP_REASONS
+    from tuneup.report.sections.timeline import compile_line, part_label, stop_reason_text
 
     tl = analysis.timeline
     if tl is None or not is_number(tl.fit_wall_s):
         return []
     parts = sorted((p for p in tl.parts if p.seconds > 0), key=lambda p: -p.seconds)
-    split = ", ".join(f"{LABELS.get(p.name, p.name).lower()} {fraction_percent(p.share)}" for p in parts)
+    split = ", ".join(f"{part_label(p.name, tl).lower()} {fraction_percent(p.share)}" for p in parts)
     line = f"  fit {duration(tl.fit_wall_s)}: {split}"
-    if tl.stop_reason:
-        line += f"; stopped because {STOP_REASONS.get(tl.stop_reason, tl.stop_reason)}"
-    return [line]
+    why = stop_reason_text(tl)
+    if why:
+        line += f"; stopped because {why}"
+    compiled = compile_line(tl)
+    return [line] + ([f"  {compiled}"] if compiled else [])
 
 
 def _run_lines(analysis: RunAnalysis) -> list[str]:

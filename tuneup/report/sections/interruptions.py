@@ -27,7 +27,9 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     segments = section.segments
     n = section.interruptions or 0
     out: list[Block] = []
-    if len(segments) <= 1 and not n:
+    if len(segments) <= 1 and not n and section.user_stops:
+        out.append(Paragraph("One segment, stopped by the user (Ctrl-C): a stop, not an interruption.", True))
+    elif len(segments) <= 1 and not n:
         out.append(Paragraph("One segment, completed: the run was not interrupted or restarted.", True))
     else:
         metrics = [

@@ -15,6 +15,7 @@ from tuneup.report.format import (
     parameters,
     plural,
     ranks_text,
+    recorded_steps,
     size_bytes,
     text,
     unix_time,
@@ -31,7 +32,7 @@ _DATA_TIMING = {"fetch": "timed around each batch fetch", "gap": "inferred from 
 def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     run = analysis.run
     global_batch = run.global_batch_size
-    steps = count(run.steps_recorded)
+    steps = recorded_steps(run.steps_recorded, run.steps_seen, run.detail_steps, run.sample_every)
     if run.last_step is not None:
         steps += f" (last step {text(run.last_step)})"
     timing = [_TIMING.get(str(t), text(t)) for t in run.timing]

@@ -52,7 +52,50 @@ STOP_REASONS = {
     "fast_dev_run": "it was a fast_dev_run",
     "end_of_data": "the data ran out",
     "sigterm": "it received SIGTERM",
+    "user_interrupt": "the user interrupted it (Ctrl-C)",
+    "exception": "an exception was raised",
 }
+# The first training step's extra time is named, where torch.compile is not, only above this share of the
+# fit: below it, it is a first step's usual warm-up.
+FIRST_STEP_SHARE = 0.05
+
+
+def stop_reason_text(tl: Timeline) -> str | None:
+    """Why the fit stopped, in words (the report, `tuneup show` and the Markdown say the same)."""
+    return STOP_REASONS.get(tl.stop_reason, tl.stop_reason) if tl.stop_reason else None
+
+
+def part_label(name: str, tl: Timeline) -> str:
+    """A part's name as the report shows it: the sanity check names torch.compile's warm-up where the model
+    was compiled, since compilation runs in the first validation step's call, which the sanity check makes."""
+    label = LABELS.get(name, text(name))
+    if tl.compiled and name == "sanity_check":
+        label += " (incl. torch.compile warm-up)"
+    return label
+
+
+def compile_line(tl: Timeline) -> str | None:
+    """One sentence on torch.compile's time where the record shows it: which modules were compiled and what
+    the first training step took beyond a steady one; else on a first step that took a large share."""
+    extra = tl.first_step_extra_s if is_number(tl.first_step_extra_s) else None
+    first = f"the first training step took {duration(extra)} more than a steady step" if extra else None
+    if tl.compiled:
+        names = ", ".join("the LightningModule" if not n else text(n) for n in tl.compiled[:4])
+        more = f" and {len(tl.compiled) - 4} more" if len(tl.compiled) > 4 else ""
+        where = (
+            "the sanity check's first validation step and the first training step"
+            if any(p.name == "sanity_check" and p.seconds > 0 for p in tl.parts)
+            else "the first training step"
+        )
+        line = f"Compiled with torch.compile: {names}{more}; its compilation runs inside {where}"
+        return line + (f" ({first})." if first else ".")
+    if extra and is_number(tl.fit_wall_s) and tl.fit_wall_s > 0 and extra / tl.fit_wall_s >= FIRST_STEP_SHARE:
+        return (
+            f"The first training step took {duration(extra)} more than a steady step "
+            f"({fraction_percent(extra / tl.fit_wall_s)} of the fit): its warm-up (compilation, lazy "
+            "initialisation, the first batch)."
+        )
+    return None
 
 
 def _part_count(part: TimelinePart) -> str:
@@ -66,13 +109,11 @@ def summary_line(tl: Timeline, analysis: RunAnalysis) -> str:
     if not is_number(tl.fit_wall_s):
         return "The fit's wall time is unknown: the record has no start or end time."
     parts = sorted((p for p in tl.parts if p.seconds > 0), key=lambda p: -p.seconds)
-    shown = ", ".join(
-        f"{LABELS.get(p.name, text(p.name)).lower()} {fraction_percent(p.share)}" for p in parts[:4]
-    )
+    shown = ", ".join(f"{part_label(p.name, tl).lower()} {fraction_percent(p.share)}" for p in parts[:4])
     ranks = f" on rank {tl.rank}" if analysis.run.world_size > 1 else ""
     line = f"The fit took {duration(tl.fit_wall_s)}{ranks}: {shown}."
-    if tl.stop_reason:
-        why = STOP_REASONS.get(tl.stop_reason, tl.stop_reason)
+    why = stop_reason_text(tl)
+    if why:
         line += f" It stopped because {why}."
     if is_number(tl.max_time_s):
         line += f" max_time was {duration(tl.max_time_s)}."
@@ -85,11 +126,15 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
         return [Paragraph("This report was written before tuneup recorded the fit's timeline.", True)]
     # The summary says the sentence; here the table gives every part, and why the fit stopped.
     out: list[Block] = []
-    if tl.stop_reason:
-        line = f"The fit stopped because {STOP_REASONS.get(tl.stop_reason, tl.stop_reason)}."
+    why = stop_reason_text(tl)
+    if why:
+        line = f"The fit stopped because {why}."
         if is_number(tl.max_time_s):
             line += f" max_time was {duration(tl.max_time_s)}."
         out.append(Paragraph(line))
+    compiled = compile_line(tl)
+    if compiled:
+        out.append(Paragraph(compiled))
     meaning = dict(MEANING)
     if is_number(tl.tuneup_start_s):
         meaning["setup"] += f"; tuneup's own start-up {duration(tl.tuneup_start_s)}"
@@ -97,7 +142,7 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     happened = [p for p in tl.parts if p.seconds > 0 or p.count]
     rows = [
         (
-            LABELS.get(p.name, text(p.name)),
+            part_label(p.name, tl),
             duration(p.seconds),
             fraction_percent(p.share),
             _part_count(p),
