@@ -72,19 +72,6 @@ class Objective:
         }[self.name]
 
     @property
-    def rate_label(self) -> str:
-        """What the rate is, in words and unit: the figure the search ranks and the compare rule tests."""
-        if self.target_steps is not None:
-            rate = "optimizer steps/s"
-        elif self.target_tokens is not None:
-            rate = "tokens/s"
-        else:
-            rate = "samples/s"
-        if self.weighs_efficiency and self.target_steps is None:
-            rate = f"goodput {rate}"
-        return f"{rate} per USD" if self.per_dollar else rate
-
-    @property
     def higher_is_better(self) -> bool:
         return self.name not in ("time", "cost")
 
