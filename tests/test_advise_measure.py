@@ -1,0 +1,227 @@
+"""`tuneup advise --measure`: which trials identify the step-time model (pure), the command line's usage
+errors, and the whole path live on 2 gloo ranks: the baseline, a second batch size, then advice from a fitted
+(not prior) model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.synthetic import make_run
+from tests.test_advise import obs
+from tuneup.advise.measure import (
+    COMPUTE,
+    INTERFERENCE,
+    MEASURE_HINT,
+    NotMeasured,
+    blind_spots,
+    blind_to,
+    describe_plan,
+    measure_hint,
+    plan_trials,
+)
+from tuneup.advise.observe import Observation
+from tuneup.cli import build_parser, main
+from tuneup.tune.protocol import ENV_SESSION
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAIN = ROOT / "tests" / "workloads" / "tune_plain.py"
+GIB = 2**30
+
+
+def ddp(batch: int, world: int = 2, **kw: Any) -> Observation:
+    """A multi-rank run with measured collectives (half of them hidden behind backward)."""
+    return obs(
+        batch, 2.0 + 0.1 * batch, world=world, comm_ms=4.0, exposed_ms=2.0, bucket_bytes=(2**20,), **kw
+    )
+
+
+def planned(plan: Any) -> list[tuple[int, int]]:
+    return [(t.world_size, t.batch_size) for t in plan.trials]
+
+
+# -- which trials ------------------------------------------------------------------------------------
+
+
+def test_one_batch_size_on_one_rank_is_measured_at_twice_the_batch() -> None:
+    plan = plan_trials([obs(16, 3.6)], max_trials=3)
+    assert plan.blind == (COMPUTE,)
+    assert planned(plan) == [(1, 32)]
+    assert plan.left_blind == ()
+    assert plan.trials[0].step_ms is not None  # the model's prediction, for the time estimate
+
+
+def test_multi_rank_without_a_one_rank_run_measures_one_rank_at_two_batch_sizes() -> None:
+    plan = plan_trials([ddp(16)], max_trials=3)
+    assert plan.blind == (COMPUTE, INTERFERENCE)
+    # Two one-rank runs make the one-rank line the model's reference: compute fitted, interference measured.
+    assert planned(plan) == [(1, 16), (1, 32)]
+    assert plan.left_blind == ()
+    # And the model, given such runs, is indeed no longer blind.
+    assert blind_to([ddp(16), obs(16, 3.6), obs(32, 5.2)]) == ()
+
+
+def test_multi_rank_with_one_trial_measures_the_batch_first_and_says_what_is_left() -> None:
+    plan = plan_trials([ddp(16)], max_trials=1)
+    assert planned(plan) == [(2, 32)]
+    assert plan.left_blind == (INTERFERENCE,)
+    assert any("--max-trials 1" in n for n in plan.notes)
+
+
+def test_a_command_whose_world_size_is_fixed_gets_a_second_batch_size_and_the_reason() -> None:
+    plan = plan_trials([ddp(16)], max_trials=3, one_rank_blocked="the script sets its Trainer's devices")
+    assert planned(plan) == [(2, 32)]
+    assert plan.left_blind == (INTERFERENCE,)
+    assert any("interference cannot be measured here: the script sets" in n for n in plan.notes)
+    text = "\n".join(describe_plan(plan, startup_s=20.0, max_steps=200))
+    assert "batch 32 per rank on 2 ranks" in text and "s in all" in text and "interference" in text
+
+
+def test_runs_that_already_cover_both_need_no_trial() -> None:
+    assert planned(plan_trials([obs(16, 3.6), obs(32, 5.2)], max_trials=3)) == []
+    plan = plan_trials([ddp(16), obs(16, 3.6), obs(32, 5.2)], max_trials=3)
+    assert plan.blind == () and planned(plan) == []
+    assert "nothing to measure" in describe_plan(plan, 20.0, 200)[0]
+    # A multi-rank run with a second batch size but no one-rank run: only interference is left.
+    plan = plan_trials([ddp(16), ddp(32)], max_trials=3)
+    assert plan.blind == (INTERFERENCE,)
+    # The one-rank runs must have as many batch sizes as the two-rank ones to be the reference.
+    assert planned(plan) == [(1, 16), (1, 32)]
+
+
+def test_out_of_memory_at_twice_the_batch_tries_half_and_a_refused_batch_tries_none() -> None:
+    oom = NotMeasured(32, 1, out_of_memory=True)
+    assert planned(plan_trials([obs(16, 3.6)], max_trials=3, failed=[oom])) == [(1, 8)]
+    refused = NotMeasured(32, 1, batch_refused=True)
+    plan = plan_trials([obs(16, 3.6)], max_trials=3, failed=[refused])
+    assert planned(plan) == [] and plan.left_blind == (COMPUTE,)
+    assert any("batch_size" in n for n in plan.notes)
+    # Multi-rank: the batch cannot change, the world size still can.
+    assert planned(plan_trials([ddp(16)], max_trials=3, failed=[refused])) == [(1, 16)]
+    # Batch 1 has no half: nothing is left to try once twice it ran out of memory.
+    plan = plan_trials([obs(1, 2.1)], max_trials=3, failed=[NotMeasured(2, 1, out_of_memory=True)])
+    assert planned(plan) == [] and any("no second batch size" in n for n in plan.notes)
+
+
+def test_twice_the_batch_that_cannot_fit_in_gpu_memory_is_not_tried() -> None:
+    gpu = dict(on_gpu=True, gpu_mem_total_bytes=40 * GIB)
+    roomy = obs(16, 3.6, gpu_peak_allocated_bytes=10 * GIB, **gpu)
+    assert planned(plan_trials([roomy], max_trials=3)) == [(1, 32)]
+    full = obs(16, 3.6, gpu_peak_allocated_bytes=30 * GIB, **gpu)
+    assert planned(plan_trials([full], max_trials=3)) == [(1, 8)]
+
+
+def test_blind_spots_and_the_hint() -> None:
+    from tuneup.advise.step_model import fit_step_model
+
+    assert blind_spots(fit_step_model([ddp(16)]).terms()) == [COMPUTE, INTERFERENCE]
+    assert blind_spots(fit_step_model([obs(16, 3.6), obs(32, 5.2)]).terms()) == []
+    assert measure_hint() == MEASURE_HINT == "measure it: `tuneup advise --measure RUN -- COMMAND`"
+    assert measure_hint(["runs/a"]) == "measure it: `tuneup advise --measure runs/a -- COMMAND`"
+
+
+# -- the command line --------------------------------------------------------------------------------
+
+
+def test_the_command_after_dashes_is_never_taken_for_runs() -> None:
+    args = build_parser().parse_args(["advise", "--measure", "r1", "--", "python", "x.py", "--format", "md"])
+    assert args.runs == ["r1"] and args.training_command == ["python", "x.py", "--format", "md"]
+    assert args.format == "text"
+    args = build_parser().parse_args(["advise", "r1", "r2", "--format", "md"])
+    assert args.runs == ["r1", "r2"] and args.training_command == [] and not args.measure
+
+
+def test_usage_errors_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cases = [
+        (["advise"], "give a run directory"),
+        (["advise", "--measure"], "no command to measure"),
+        (["advise", "--measure", "--"], "no command to measure"),
+        (["advise", "run", "--", "python", "train.py"], "add --measure"),
+        (["advise", "run", "--max-trials", "2"], "add --measure"),
+        (["advise", "--measure", "--max-trials", "0", "--", "python"], "--max-trials"),
+        (["advise", "--measure", "--trial-steps", "10", "--", "python"], "--trial-steps"),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, (argv, err)
+    # A command that trains with no TuneupCallback records no run: one line, and where its output is.
+    out = tmp_path / "m"
+    argv = ["advise", "--measure", "--out", str(out), "--", sys.executable, "-c", "print('trained')"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no run was recorded" in err and "output.log" in err and err.count("\n") == 1
+    # --out is a new directory: a second run there is refused before anything runs.
+    assert main(argv) == 2
+    assert "already holds files" in capsys.readouterr().err
+
+
+def test_advice_on_a_prior_says_how_to_measure_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run", steps=60)
+    assert main(["advise", str(run), "--no-whatif"]) == 0
+    out = capsys.readouterr().out
+    assert f"tuneup advise --measure {run} -- COMMAND" in out
+
+
+# -- live: 2 gloo ranks ------------------------------------------------------------------------------
+
+
+def _session_processes() -> list[int]:
+    marker = f"{ENV_SESSION}=".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if (
+                    marker in (entry / "environ").read_bytes()
+                    and (entry / "stat").read_text().split()[2] != "Z"
+                ):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_measure_on_two_ranks_runs_a_second_batch_size_and_advises_from_a_fitted_model(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "measure"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "tuneup", "advise", "--measure", "--out", str(out), "--format", "json",
+            "--no-whatif", "--trial-steps", "40", "--warmup-steps", "5", "--min-steps", "20",
+            "--stall-timeout", "30",
+            "--", sys.executable, str(PLAIN), "--devices", "2", "--hidden", "64", "--batch-size", "16",
+        ],
+        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    advice = json.loads(proc.stdout)  # the trials' progress went to stderr: stdout is the document
+    model = advice["model"]
+    assert model["compute_prior"] is None  # fitted, not AdaptDL's prior
+    assert model["batch_sizes"] == [16, 32] and model["world_sizes"] == [2]
+    assert len(advice["runs"]) == 2
+    # What it ran was said before it ran, and why interference stays unmeasured (a plain script's devices).
+    assert "batch 32 per rank on 2 ranks" in proc.stderr and "s in all" in proc.stderr
+    assert any("interference cannot be measured here" in n for n in advice["notes"])
+    measured = [n for n in advice["notes"] if n.startswith("measured for this advice")]
+    assert len(measured) == 2
+    # The trials' runs are kept, and `tuneup advise` takes them again.
+    state = json.loads((out / "tune.json").read_text())
+    runs = [str(out / t["run_dir"]) for t in state["trials"]]
+    assert [t["config"].get("batch_size") for t in state["trials"]] == [16, 32]
+    assert "tuneup advise " + " ".join(runs) in proc.stderr
+    assert main(["advise", *runs, "--no-whatif", "--format", "json"]) == 0
+    deadline = time.monotonic() + 10
+    while _session_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _session_processes() == [], "a trial's process outlived the measuring"
