@@ -20,12 +20,16 @@ the main process.
 
 Workers only help if they have cores of their own. The rank has c = (host CPUs − the CPUs other
 processes took, from the telemetry's contention figures) / local ranks; its main process keeps 1 busy
-on a GPU run, and on a CPU run as many as torch's intra-op threads (OMP_NUM_THREADS where recorded,
-else every core). Workers beyond c minus those compete with the training: a worker that wakes up
-preempts a compute thread (on CPU, an OpenMP barrier then waits for it). The interval's low end runs
-only the workers that have a core (d(w_eff)); with none, the loading and the training take turns on the
-same cores and the low end is no gain at all. Where that is so the figure quoted is the middle of the
-two ends and the confidence is low.
+on a GPU run, and on a CPU run what its process measured (the telemetry's process CPU, with no workers
+yet), else as many as torch's intra-op threads (OMP_NUM_THREADS where recorded, else every core). One
+account of those figures (`CpuAccount`) is quoted by every outcome. Where the workers would have no CPU
+spare, a CPU run with whole CPUs to share gets fewer intra-op threads to give the workers theirs; else
+the workers compete with the training: a worker that wakes up preempts a compute thread (on CPU, an
+OpenMP barrier then waits for it). The interval's low end runs only the workers that have a core
+(d(w_eff)); with none, the loading and the training take turns on the same cores and the low end is no
+gain at all. Where that is so the figure quoted is the middle of the two ends and the confidence is low.
+More workers than Lightning's bound are told to use fewer (they take turns on the CPUs with the
+training, and each holds a copy of the Dataset), without a predicted gain.
 
 pin_memory (page-locked host buffers, faster and asynchronous host-to-GPU copies) is proposed on GPU
 runs only; persistent_workers where the loader is re-created (several epochs, validation), since
@@ -36,7 +40,7 @@ default) where the run saw stalls: a deeper queue absorbs a slow batch.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
@@ -51,8 +55,9 @@ PREFETCH_WITH_STALLS = 4
 # A logical CPU runs CPU work up to this much slower while its neighbours are busy too (SMT siblings, shared
 # vCPUs, one memory bus): measured on a 2-vCPU VM, two busy processes each ran 1.6-2.0x slower than one.
 BUSY_CPU_SLOWDOWN = 1.8
-# A CPU counts as free to the rank when at most this much of it goes to other processes.
-CORE_SLACK = 0.25
+# A CPU counts as the rank's when at most this much of it goes to other processes (rounding to the nearest
+# whole CPU: at 0.25 a run whose neighbours took 0.3 CPU got one reasoning, and a run beside 0.2 another).
+CORE_SLACK = 0.5
 
 
 def lightning_max_workers(cpu_count: int, local_ranks: int) -> int:
@@ -60,8 +65,46 @@ def lightning_max_workers(cpu_count: int, local_ranks: int) -> int:
     return max(1, cpu_count // max(1, local_ranks) - 1)
 
 
-def _free_cpus_per_rank(ctx: AdviceContext, cpus: int, local_ranks: int) -> tuple[float, str | None]:
-    """CPUs per local rank left to the training, and a sentence where other processes took some."""
+@dataclass(frozen=True, slots=True)
+class CpuAccount:
+    """Where a rank's CPUs went, from the run's own record: one account that every outcome of the rule
+    (workers with cores of their own, fewer compute threads, workers that compete) is reasoned from and
+    quoted with."""
+
+    host_cpus: int
+    local_ranks: int
+    free: float  # CPUs per rank that other processes left (telemetry's contention figures)
+    others: float  # CPUs of the host other processes took
+    main: float  # CPUs the training process keeps busy
+    main_why: str
+    process_cpus: float | None  # the training process's mean CPU (telemetry), in CPUs, where recorded
+
+    @property
+    def spare(self) -> float:
+        """CPUs per rank that neither the training nor other processes used: what workers can have."""
+        return max(0.0, self.free - self.main)
+
+    @property
+    def cores(self) -> int:
+        """Whole CPUs per rank left by other processes."""
+        return math.floor(self.free + CORE_SLACK)
+
+    def sentence(self) -> str:
+        others = (
+            f"other processes took {self.others:.1f} of the host's {self.host_cpus} CPUs (telemetry), "
+            if self.others >= 0.05
+            else ""
+        )
+        return (
+            f"{others}{self.free:.1f} CPU(s) per rank are left to the training ({self.host_cpus} CPUs, "
+            f"{self.local_ranks} rank(s) on the host); {self.main_why}: {self.spare:.1f} CPU(s) per rank spare "
+            "for workers"
+        )
+
+
+def _account(ctx: AdviceContext, w0: int) -> CpuAccount:
+    o = ctx.observation
+    cpus, local_ranks = o.cpu_count or 1, o.ranks_per_node
     taken = [
         c.others_percent_mean / 100.0 * c.cores
         for c in ctx.analysis.telemetry.cpu_contention
@@ -69,26 +112,36 @@ def _free_cpus_per_rank(ctx: AdviceContext, cpus: int, local_ranks: int) -> tupl
     ]
     others = max(taken) if taken else 0.0
     free = max(0.0, cpus - others) / local_ranks
-    if others >= 0.25:
-        return free, (
-            f"other processes used {others:.1f} of the host's {cpus} CPUs on average (telemetry): "
-            f"{free:.1f} CPUs per rank left to the training"
-        )
-    return free, None
-
-
-def _main_threads(ctx: AdviceContext, free: float) -> tuple[float, str]:
-    o = ctx.observation
+    used = [
+        p.cpu_percent_mean / 100.0 for p in ctx.analysis.telemetry.processes if p.cpu_percent_mean is not None
+    ]
+    process = sum(used) / len(used) if used else None
     if o.on_gpu:
-        return 1.0, "the main process keeps one core busy driving the GPU"
+        main, why = 1.0, "the main process keeps one CPU busy driving the GPU"
+    elif process is not None and w0 == 0:
+        # What the process measured is what it takes: a model whose ops do not spread over every core
+        # leaves the rest to workers, whatever the thread count says.
+        main = min(free, process)
+        why = (
+            f"the training process used {process:.1f} CPU(s) on average ({process * 100:.0f}% CPU, telemetry)"
+        )
+    else:
+        threads = _omp_threads(ctx)
+        if threads is not None:
+            main = min(free, threads)
+            why = f"the main process computes on {int(threads)} thread(s) (OMP_NUM_THREADS)"
+        else:
+            main = free
+            why = "torch's intra-op threads take every CPU of the rank (OMP_NUM_THREADS not set)"
+    return CpuAccount(cpus, local_ranks, free, others, main, why, process)
+
+
+def _omp_threads(ctx: AdviceContext) -> float | None:
     omp = ctx.analysis.environment.env.get("OMP_NUM_THREADS")
     try:
-        threads = float(int(str(omp))) if omp is not None else None
+        return float(int(str(omp))) if omp is not None else None
     except ValueError:
-        threads = None
-    if threads is not None:
-        return min(free, threads), f"the main process computes on {int(threads)} thread(s) (OMP_NUM_THREADS)"
-    return free, "on CPU, torch's intra-op threads take every core of the rank (OMP_NUM_THREADS not set)"
+        return None
 
 
 def _span(mid: Predicted, *ends: Predicted) -> Predicted:
@@ -115,6 +168,10 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     loader = ctx.analysis.data_loader
     s, b = o.accumulation, o.batch_size
     share = o.data_ms / o.step_mean_ms if o.step_mean_ms > 0 else 0.0
+    w0 = o.num_workers
+    if w0 is not None and o.cpu_count and w0 > lightning_max_workers(o.cpu_count, o.ranks_per_node):
+        _fewer(ctx, w0)
+        return []
     if share < MIN_DATA_SHARE:
         ctx.skip(
             "num_workers",
@@ -122,7 +179,6 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             f"{MIN_DATA_SHARE:.0%}: more workers cannot buy a measurable gain",
         )
         return []
-    w0 = o.num_workers
     if w0 is None:
         ctx.skip("num_workers", "the run did not record its DataLoader's num_workers; nothing to change from")
         return []
@@ -133,19 +189,21 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     rest = max(1e-6, (o.step_mean_ms - o.data_ms) / s)
     load = d if w0 == 0 else w0 * (d + rest)
     cap = lightning_max_workers(o.cpu_count, o.ranks_per_node)
+    account = _account(ctx, w0)
     if w0 >= cap:
         ctx.skip(
             "num_workers",
-            f"num_workers={w0} is already at Lightning's bound of {cap} (max(1, {o.cpu_count} CPUs // "
-            f"{o.ranks_per_node} local rank(s) − 1)); the {d:.1f} ms wait per micro-batch needs faster loading "
-            "itself (profile Dataset.__getitem__ and collate, cache decoded samples) or more CPUs",
+            f"the data wait is {share:.0%} of the step, but more workers cannot help here: num_workers={w0} is "
+            f"already at Lightning's bound of {cap} (max(1, {o.cpu_count} CPUs // {o.ranks_per_node} local "
+            f"rank(s) − 1)); {account.sentence()}, so another worker would take its CPU from the training. "
+            f"The {d:.1f} ms wait per micro-batch needs faster loading itself (profile Dataset.__getitem__ and "
+            "collate, cache decoded samples) or more CPUs",
         )
         return []
     w = min(cap, max(w0 + 1, math.ceil(HEADROOM * load / rest)))
 
-    free, contention = _free_cpus_per_rank(ctx, o.cpu_count, o.ranks_per_node)
-    main, main_why = _main_threads(ctx, free)
-    cores = math.floor(free + CORE_SLACK)  # whole CPUs left to the rank
+    free, main, main_why = account.free, account.main, account.main_why
+    cores = account.cores  # whole CPUs left to the rank
     compute = o.compute_per_micro_batch_ms
 
     def wait(workers: float, slower: float = 1.0, load_slower: float = 1.0) -> float:
@@ -197,23 +255,22 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         f"{o.cpu_count} CPUs on the host, {o.ranks_per_node} rank(s) on it: Lightning's bound max(1, "
         f"{o.cpu_count} // {o.ranks_per_node} − 1) = {cap} worker(s)",
     ]
-    if contention:
-        evidence.append(contention)
+    evidence.append(account.sentence())
     caveats = []
     settle = None
     if competes:
         caveats.append(
-            f"{main_why}, leaving {max(0.0, free - main):.1f} core(s) for {w} worker(s): they compete with the "
-            "training, so the low end counts only workers with a core of their own (with none, loading and "
-            "training take turns: no gain)"
+            f"{account.sentence()}: {w} worker(s) compete with the training, so the low end counts only workers "
+            "with a CPU of their own (with none, loading and training take turns: no gain)"
         )
         settle = (
-            f"{main_why} and {free:.1f} CPUs per rank are free, so {w} worker(s) would compete with the "
-            "training; run it with more CPUs per rank (or fewer other processes on the host) and measure"
+            f"{account.sentence()}, so {w} worker(s) would take their CPU from the training; run it with more "
+            "CPUs per rank (or fewer other processes on the host) and measure"
         )
     if threads is not None and cpu_loading:
         settle = (
-            f"the loading is CPU work and {w} worker(s) with {threads} compute thread(s) keep all {cores} CPUs "
+            f"{account.sentence()}; the loading is CPU work and {w} worker(s) with {threads} compute thread(s) "
+            f"keep all {cores} CPUs "
             "busy, where a CPU can run up to "
             f"{BUSY_CPU_SLOWDOWN:g}x slower beside busy neighbours; rerun with num_workers={w} and "
             f"torch.set_num_threads({threads}) and compare samples/s"
@@ -273,6 +330,22 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         settle=settle,
     )
     return [rec] if rec is not None else []
+
+
+def _fewer(ctx: AdviceContext, w0: int) -> None:
+    """More workers than Lightning's bound: they share the rank's CPUs with the training and each other."""
+    o = ctx.observation
+    cpus = o.cpu_count or 1
+    cap = lightning_max_workers(cpus, o.ranks_per_node)
+    ctx.skip(
+        f"num_workers {w0} → {cap}",
+        f"use fewer workers: num_workers={w0} is above Lightning's bound of {cap} (max(1, {cpus} CPUs // "
+        f"{o.ranks_per_node} local rank(s) − 1)); {_account(ctx, w0).sentence()}. Workers beyond the CPUs take "
+        "turns on them with the training, and each holds a copy of the Dataset and its prefetched batches: set "
+        f"DataLoader(num_workers={cap}). No speed-up is predicted (the loading's CPU work is the same however "
+        "many workers share it, and how much the extra workers slowed the training is not in the record): "
+        "compare the runs with `tuneup compare`",
+    )
 
 
 def _loading_is_cpu_work(ctx: AdviceContext, w0: int) -> bool:

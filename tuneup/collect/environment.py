@@ -59,6 +59,7 @@ class HostFingerprint(TypedDict):
     cpu_count_physical: int | None
     ram_total_bytes: int | None
     os: str | None
+    cpu_bf16: bool | None  # bf16 arithmetic (AVX512-BF16 or AMX) in the CPU's flags; None: not read
 
 
 class GitState(TypedDict):
@@ -189,6 +190,21 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def _cpu_bf16() -> bool | None:
+    """Whether the CPU has bf16 arithmetic (the advice's precision rule: bf16 autocast without it is over 2x
+    slower, pytorch #86270). Linux's first core's flags; None elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == "flags":
+                    flags = set(value.split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return None
+
+
 def _os_name() -> str:
     # The distribution ("Ubuntu 22.04.4 LTS") says more about drivers and libraries than the kernel does;
     # the kernel is already in the `platform` version.
@@ -231,6 +247,7 @@ def host_fingerprint() -> HostFingerprint:
         cpu_count_physical=_attempt("host.cpu_count_physical", "the physical CPU count", _cpu_count_physical),
         ram_total_bytes=_attempt("host.ram_total_bytes", "the total RAM", _ram_total_bytes),
         os=_attempt("host.os", "the operating system", _os_name),
+        cpu_bf16=_attempt("host.cpu_bf16", "the CPU's bf16 flags", _cpu_bf16),
     )
 
 

@@ -216,6 +216,9 @@ def advice_text(advice: Advice | str, limit: int | None = None) -> list[str]:
         lines.extend(f"   caveat: {c}" for c in rec.caveats)
         lines.append("   code:")
         lines.extend(f"     {line}" for line in rec.code.splitlines())
+        if rec.yaml:  # the README promises both: the code, and the same as a LightningCLI config
+            lines.append("   or in a LightningCLI config (YAML):")
+            lines.extend(f"     {line}" for line in rec.yaml.splitlines())
         lines.append("")
     if not advice.recommendations:
         lines += [
