@@ -170,6 +170,93 @@ def test_advice_on_a_prior_says_how_to_measure_it(tmp_path: Path, capsys: pytest
     assert f"tuneup advise --measure {run} -- COMMAND" in out
 
 
+# -- the trials, with the session's trial runner replaced --------------------------------------------
+
+
+def _run_at_batch(path: Path, batch: int) -> Path:
+    """A synthetic one-rank run whose steps count `batch` samples (tests/synthetic.make_run's are 8)."""
+    from tests.synthetic import step_record
+    from tuneup.record import RankWriter, write_manifest
+
+    write_manifest(path, {"run_id": f"b{batch}", "created_unix": 1.0, "world_size": 1, "num_nodes": 1})
+    writer = RankWriter(path, 0)
+    writer.open({"host": "node0"})
+    for step in range(60):
+        # 8 ms: data 1, forward 1.5, backward 2, optimizer 1.5, other 2 (make_run's: 10 ms at batch 8)
+        record = {**step_record(step, wall_ms=8.0), "samples": batch, "forward_ms": 1.5, "backward_ms": 2.0}
+        writer.add_step({**record, "other_ms": 2.0})
+    writer.close(status="completed")
+    return path
+
+
+def test_a_trial_out_of_memory_is_said_and_half_the_batch_measured_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tuneup.advise.observe import observe
+    from tuneup.report import analyze
+    from tuneup.tune.advise_trials import MeasureOptions, measure_for_advice
+    from tuneup.tune.session import Session
+    from tuneup.tune.state import INFEASIBLE, Trial
+
+    base = make_run(tmp_path / "base", steps=60)  # batch 8 on one rank
+    half = _run_at_batch(tmp_path / "half", 4)
+    asked: list[int | None] = []
+
+    def run_trial(self: Session, config: Any, role: str, predicted: Any = None) -> Trial:
+        asked.append(config.batch_size)
+        trial = Trial(index=len(self.trials), name=role, config=config, role=role, run_dir=str(half))
+        if config.batch_size == 16:
+            trial.status, trial.reason = INFEASIBLE, "out of memory: rank 0 raised OutOfMemoryError"
+        else:
+            trial.step_ms, trial.observation = 6.0, observe(analyze(half))
+        self.trials.append(trial)
+        return trial
+
+    monkeypatch.setattr(Session, "run_trial", run_trial)
+    said: list[str] = []
+    measured = measure_for_advice(
+        ["python", "train.py"], [(str(base), analyze(base))], MeasureOptions(out=tmp_path / "m"), said.append
+    )
+    assert asked == [16, 4]  # twice the batch, then half once twice ran out of memory
+    assert [t.status for t in measured.trials] == ["infeasible", "ok"]
+    assert [a.run.run_id for a in measured.analyses] == ["r1", "b4"]
+    assert any("infeasible: out of memory" in line for line in said)
+    assert any(line.startswith("next, instead: batch 4 per rank") for line in said)
+    assert measured.notes == []  # the model is fitted: nothing left blind
+
+
+def test_one_rank_is_asked_of_a_lightningcli_script_started_directly_only() -> None:
+    from tuneup.tune.advise_trials import one_rank_blocked
+    from tuneup.tune.script import Script
+
+    two = ddp(16)
+    assert one_rank_blocked(Script(("python", "train.py", "fit"), "cli"), two) is None
+    assert "LightningCLI" in str(one_rank_blocked(Script(("python", "train.py"), "callback"), two))
+    torchrun = Script(("torchrun", "--nproc-per-node=2", "train.py", "fit"), "cli")
+    assert "torchrun starts the ranks" in str(one_rank_blocked(torchrun, two))
+    assert "several nodes" in str(one_rank_blocked(Script(("python", "t.py"), "cli"), ddp(16, num_nodes=2)))
+
+
+def test_no_batch_at_least_as_large_as_one_out_of_memory_is_recommended() -> None:
+    from tuneup.advise.model import Advice, Change, Range, Recommendation
+    from tuneup.advise_cli import _within_memory
+
+    def rec(batch: int) -> Recommendation:
+        return Recommendation(
+            id=f"b{batch}", title=f"Use a per-rank batch of {batch}", changes=[Change("batch_size", "16", str(batch))],
+            objective="samples/s", gain=Range(0.3, 0.1, 0.5), confidence="medium", evidence=["e"], code="c", yaml=None,
+        )  # fmt: skip
+
+    advice = Advice(
+        runs=["r"], objective="samples/s", min_gain=0.05, model=None, current=None,
+        recommendations=[rec(64), rec(24)], considered=[],
+    )  # fmt: skip
+    assert _within_memory(advice, []) is advice
+    kept = _within_memory(advice, [32, None])
+    assert [r.id for r in kept.recommendations] == ["b24"]
+    assert "batch 32 per rank ran out of memory" in kept.considered[-1].reason
+
+
 # -- live: 2 gloo ranks ------------------------------------------------------------------------------
 
 

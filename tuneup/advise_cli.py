@@ -292,6 +292,25 @@ def _measure_options(args: argparse.Namespace, usage_error: type[Exception]) -> 
     )
 
 
+def _within_memory(advice: Advice, out_of_memory: list[int | None]) -> Advice:
+    """The advice without a per-rank batch at least as large as one a measuring trial ran out of memory at,
+    whatever the model predicts for it (on a CPU the model checks no memory): said among what was left alone."""
+    smallest = min((b for b in out_of_memory if b is not None), default=None)
+    if smallest is None:
+        return advice
+    from tuneup.advise.model import Considered
+
+    kept, ruled_out = [], []
+    for rec in advice.recommendations:
+        batches = [int(c.proposed) for c in rec.changes if c.knob == "batch_size" and c.proposed.isdigit()]
+        if batches and max(batches) >= smallest:
+            reason = f"{rec.title}: a measuring trial at batch {smallest} per rank ran out of memory"
+            ruled_out.append(Considered("batch_size", reason))
+        else:
+            kept.append(rec)
+    return dataclasses.replace(advice, recommendations=kept, considered=[*advice.considered, *ruled_out])
+
+
 def _trial_note(trial: Any) -> str:
     """One trial of --measure, for the advice's notes: what it measured (and what the model had predicted
     for it), or why it measured nothing."""
@@ -333,6 +352,7 @@ def _cmd_measure(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         raise usage_error(str(exc)) from None
     result = _advise(measured.analyses, options, usage_error)
     trial_runs = measured.run_dirs[len(given) :]
+    result = _within_memory(result, [t.batch_size for t in measured.trials if t.status == "infeasible"])
     notes = [_trial_note(t) for t in measured.trials]
     result = dataclasses.replace(result, notes=[*result.notes, *notes, *measured.notes])
     print(render(result, args.format), end="")

@@ -57,6 +57,7 @@ class TrialResult:
     step_ms: float | None
     predicted_step_ms: float | None
     contended: str | None = None  # where other processes took the host's CPU during it: a caution
+    batch_size: int | None = None  # per rank, as asked (None: the command's own, for the baseline)
 
 
 @dataclass(slots=True)
@@ -151,7 +152,15 @@ def _run_planned(
         trial.reason = f"the run had {ran_on} rank(s), not the {planned.world_size} asked for"
         save_state(session.tune_dir, session.state)
     run_dir = session.tune_dir / str(trial.run_dir)
-    result = TrialResult(planned.label(), trial.status, trial.reason, run_dir, trial.step_ms, planned.step_ms)
+    result = TrialResult(
+        planned.label(),
+        trial.status,
+        trial.reason,
+        run_dir,
+        trial.step_ms,
+        planned.step_ms,
+        batch_size=planned.batch_size,
+    )
     if trial.status != OK:
         dropped = session.state.dropped
         return (
