@@ -212,3 +212,50 @@ def test_the_callback_sees_compiled_modules() -> None:
     assert compiled_modules(plain) == []
     plain.compile()  # in place
     assert compiled_modules(plain) == [""]
+
+
+# -- HTML --------------------------------------------------------------------------------------------
+
+
+def test_html_turns_code_spans_into_code_and_lets_long_reasons_wrap() -> None:
+    from tuneup.report.blocks import Bullets, Code, Paragraph, Section, table
+    from tuneup.report.html import render_sections_html
+
+    reason = (
+        "the interval [-3.8%, +110.0%] includes no gain: run `tuneup advise --measure -- COMMAND` "
+        "(short measuring trials) and `<b>x</b>` before trusting a point estimate"
+    )
+    page = render_sections_html(
+        "t",
+        "s",
+        [
+            Section(
+                "advice",
+                "Advice",
+                (
+                    Paragraph("compare the runs with `tuneup compare`"),
+                    Bullets(("Evidence: `a` and `b`",)),
+                    table("Looked at and left alone", ("Knob", "Why not"), [("batch size", reason)]),
+                    Code("Apply it", "x = 1  # `kept` as written"),
+                ),
+            )
+        ],
+    )
+
+    def code(inside: str) -> str:
+        # The backticks stay in the page's text (a record's string is shown verbatim), hidden by the style.
+        return f'<code><span class="tick">`</span>{inside}<span class="tick">`</span></code>'
+
+    assert f"<p>compare the runs with {code('tuneup compare')}</p>" in page
+    assert f"<li>Evidence: {code('a')} and {code('b')}</li>" in page
+    assert code("&lt;b&gt;x&lt;/b&gt;") in page and "<b>x</b>" not in page  # escaped inside code
+    assert "<pre><code>x = 1  # `kept` as written</code></pre>" in page  # a code block keeps its backticks
+    body = page.split("<body>", 1)[1]
+    prose = re.sub(r"<pre>.*?</pre>", "", body, flags=re.S)
+    assert "`" not in prose.replace('<span class="tick">`</span>', "")
+    # A long reason wraps at word boundaries instead of running off its scrolled table on one line.
+    assert '<td class="long">' in page
+    css = page.split("<style>", 1)[1].split("</style>", 1)[0]
+    assert re.search(r"\.scroll td\.long \{[^}]*white-space: normal", css)
+    assert "overflow-wrap: anywhere" not in css  # which broke words mid-word
+    assert re.search(r"code \.tick \{ display: none; \}", css)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +39,25 @@ class _Html(str):
 
 def _e(value: object) -> _Html:
     return value if isinstance(value, _Html) else _Html(html.escape(str(value), quote=True))
+
+
+# Prose marks code as Markdown does, with backticks ("run `tuneup compare`"): one pair on one line.
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def _prose(value: object) -> _Html:
+    """Text that may hold `code` spans: each span becomes <code>, everything escaped. Code blocks keep
+    their backticks (they are code); prose in every other block goes through here. The backticks stay in
+    the page's text, hidden by the style: a string from the record (a catalog cell, a path) is still there
+    verbatim, and only its look changes."""
+    if isinstance(value, _Html):
+        return value
+    parts = _CODE_SPAN.split(str(value))
+    tick = _el("span", "`", class_="tick")
+    # split() alternates text and the spans' insides: odd places are code.
+    return _Html(
+        "".join(_el("code", tick, part, tick) if i % 2 else _e(part) for i, part in enumerate(parts))
+    )
 
 
 def _attrs(attrs: dict[str, object]) -> str:
@@ -85,7 +105,7 @@ def _figure(plot: PlotFile) -> _Html:
         "figure",
         _void("img", src=uri, alt=plot.caption),
         # The plot draws its own title: the caption says how to read it.
-        _el("figcaption", plot.caption),
+        _el("figcaption", _prose(plot.caption)),
     )
 
 
@@ -94,14 +114,14 @@ _SEVERITY_CLASS = {"warning": "warning", "info": "info"}
 
 def _findings(block: FindingList) -> _Html:
     if not block.items:
-        return _el("p", block.empty, class_="note")
+        return _el("p", _prose(block.empty), class_="note")
     items = [
         _el(
             "li",
             _el("span", f.severity, class_=f"badge {_SEVERITY_CLASS.get(f.severity, 'other')}"),
             " ",
-            _el("strong", f.title),
-            _el("p", f.evidence),
+            _el("strong", _prose(f.title)),
+            _el("p", _prose(f.evidence)),
             class_=f"finding {_SEVERITY_CLASS.get(f.severity, 'other')}",
         )
         for f in block.items
@@ -121,9 +141,15 @@ def _titled(title: str, body: _Html, detail: bool) -> _Html:
     return _Html(_caption(title) + body)
 
 
+# A text cell longer than this wraps (at word boundaries, in a column at least LONG_CELL_EM wide); shorter
+# cells and figures stay on one line, so a table of short values reads across.
+LONG_CELL_CHARS = 40
+
+
 def _table(block: Table) -> _Html:
     def cell(tag: str, i: int, value: str) -> _Html:
-        return _el(tag, value, class_="num" if i in block.numeric else None)
+        kind = "num" if i in block.numeric else "long" if len(value) > LONG_CELL_CHARS else None
+        return _el(tag, _prose(value), class_=kind)
 
     head = _el("tr", *(cell("th", i, h) for i, h in enumerate(block.header)))
     last = len(block.rows) - 1
@@ -140,7 +166,7 @@ def _table(block: Table) -> _Html:
 
 
 def _key_values(block: KeyValues) -> _Html:
-    rows = [_el("tr", _el("th", k, scope="row"), _el("td", v)) for k, v in block.pairs]
+    rows = [_el("tr", _el("th", _prose(k), scope="row"), _el("td", _prose(v))) for k, v in block.pairs]
     return _titled(block.title, _el("table", _el("tbody", _join(rows)), class_="kv"), block.detail)
 
 
@@ -148,9 +174,9 @@ def _metrics(block: Metrics) -> _Html:
     cards = [
         _el(
             "div",
-            _el("div", m.label, class_="label"),
-            _el("div", m.value, class_="value"),
-            _el("div", m.detail, class_="detail"),
+            _el("div", _prose(m.label), class_="label"),
+            _el("div", _prose(m.value), class_="value"),
+            _el("div", _prose(m.detail), class_="detail"),
             class_="metric",
         )
         for m in block.items
@@ -160,7 +186,7 @@ def _metrics(block: Metrics) -> _Html:
 
 def _block(block: Block) -> _Html:
     if isinstance(block, Paragraph):
-        return _el("p", block.text, class_="note" if block.quiet else None)
+        return _el("p", _prose(block.text), class_="note" if block.quiet else None)
     if isinstance(block, Metrics):
         return _metrics(block)
     if isinstance(block, FindingList):
@@ -170,7 +196,7 @@ def _block(block: Block) -> _Html:
     if isinstance(block, KeyValues):
         return _key_values(block)
     if isinstance(block, Bullets):
-        return _el("ul", _join([_el("li", item) for item in block.items]), class_="plain")
+        return _el("ul", _join([_el("li", _prose(item)) for item in block.items]), class_="plain")
     if isinstance(block, Figure):
         return _figure(block.plot)
     if isinstance(block, Code):
@@ -206,6 +232,7 @@ p { margin: 8px 0; }
 p.note { color: var(--muted); font-style: italic; }
 .scroll { overflow-x: auto; }
 .scroll td { white-space: nowrap; }
+.scroll td.long { white-space: normal; min-width: 24em; overflow-wrap: break-word; }
 table { border-collapse: collapse; margin: 6px 0 12px; font-size: 14px; }
 th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
 thead th { background: var(--soft); font-weight: 600; border-bottom: 2px solid var(--line); white-space: nowrap; }
@@ -213,7 +240,12 @@ tbody tr:nth-child(even) > * { background: #fbfcfd; }
 tr.total td { font-weight: 600; border-top: 2px solid var(--line); }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.kv th { font-weight: 600; color: var(--muted); white-space: nowrap; }
-table.kv td { overflow-wrap: anywhere; min-width: 16em; }
+table.kv td { overflow-wrap: break-word; min-width: 16em; }
+code { font: 13px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; background: var(--soft);
+  border-radius: 4px; padding: 0 3px; }
+pre code { background: none; padding: 0; }
+code .tick { display: none; }
+p code, li code, td code { white-space: nowrap; }
 details { margin: 14px 0; }
 summary { cursor: pointer; font-weight: 600; }
 details[open] > summary { margin-bottom: 6px; }
