@@ -164,10 +164,11 @@ def test_usage_errors_exit_2_in_one_line(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_advice_on_a_prior_says_how_to_measure_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run = make_run(tmp_path / "run", steps=60)
-    assert main(["advise", str(run), "--no-whatif"]) == 0
-    out = capsys.readouterr().out
-    assert f"tuneup advise --measure {run} -- COMMAND" in out
+    run = make_run(tmp_path / "run", steps=60)  # one batch size
+    assert main(["advise", str(run), "--no-whatif", "--format", "json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    hint = [n for n in notes if measure_hint([str(run)]) in n]
+    assert len(hint) == 1 and "how compute grows with the batch" in hint[0], notes
 
 
 # -- the trials, with the session's trial runner replaced --------------------------------------------
