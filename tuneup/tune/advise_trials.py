@@ -22,7 +22,7 @@ from tuneup.advise.observe import Observation, observe
 from tuneup.tune.objective import Objective
 from tuneup.tune.protocol import StopRule
 from tuneup.tune.runner import Limits
-from tuneup.tune.script import Script, inspect_script
+from tuneup.tune.script import Script, ScriptError, inspect_script
 from tuneup.tune.session import Budget, Session, TuneOptions
 from tuneup.tune.space import Config
 from tuneup.tune.state import FAILED, INFEASIBLE, OK, TRIALS_DIR, Trial, TuneState, is_tune_dir, save_state
@@ -178,6 +178,26 @@ def _run_planned(
     return replace(result, contended=contention(analysis)), analysis, None
 
 
+def _run_baseline(session: Session, say: Callable[[str], None]) -> tuple[Any, TrialResult]:
+    """The command as it is, recorded: (its RunAnalysis, its result). MeasureError where it measured nothing."""
+    tune_dir = session.tune_dir
+    say(f"running your command as it is (the baseline), recorded in {tune_dir / TRIALS_DIR}")
+    trial = session.run_trial(None, "baseline")
+    run_dir = tune_dir / str(trial.run_dir)
+    if trial.status != OK:
+        raise MeasureError(
+            f"your command as it is (the baseline) {trial.status}: {trial.reason}; see "
+            f"{tune_dir / TRIALS_DIR / trial.name / 'output.log'}"
+        )
+    analysis = _analyze(run_dir)
+    busy = contention(analysis)
+    say(
+        f"baseline: {trial.step_ms:.1f} ms a step, {trial.samples_per_s or 0:,.1f} samples/s ({run_dir})"
+        + (f"; caution: {busy}" if busy else "")
+    )
+    return analysis, TrialResult("the baseline", OK, None, run_dir, trial.step_ms, None, busy)
+
+
 def measure_for_advice(
     command: Sequence[str],
     given: Sequence[tuple[str, Any]],
@@ -186,8 +206,6 @@ def measure_for_advice(
 ) -> Measurement:
     """Run the baseline (where `given`, (path, RunAnalysis) pairs, is empty) and the trials that identify the
     model, within `options.max_trials`; a trial that fails is reported through `say` and the rest go on."""
-    from tuneup.tune.script import ScriptError
-
     if not command:
         raise MeasureError(
             "no command to measure: put it after --, e.g. tuneup advise --measure -- python train.py"
@@ -219,23 +237,11 @@ def measure_for_advice(
         observations = [observe(a) for a in analyses]
         state.trials.append(_given_baseline(run_dirs[0], analyses[0], observations[0]))
     else:
-        say(f"running your command as it is (the baseline), recorded in {tune_dir / TRIALS_DIR}")
-        trial = session.run_trial(None, "baseline")
-        run_dir = tune_dir / str(trial.run_dir)
-        if trial.status != OK:
-            raise MeasureError(
-                f"your command as it is (the baseline) {trial.status}: {trial.reason}; see "
-                f"{tune_dir / TRIALS_DIR / trial.name / 'output.log'}"
-            )
-        analyses.append(_analyze(run_dir))
-        busy = contention(analyses[0])
-        results.append(TrialResult("the baseline", OK, None, run_dir, trial.step_ms, None, busy))
-        say(
-            f"baseline: {trial.step_ms:.1f} ms a step, {trial.samples_per_s or 0:,.1f} samples/s ({run_dir})"
-            + (f"; caution: {busy}" if busy else "")
-        )
-        run_dirs.append(str(run_dir))
-        observations = [observe(analyses[0])]
+        analysis, result = _run_baseline(session, say)
+        analyses.append(analysis)
+        results.append(result)
+        run_dirs.append(str(result.run_dir))
+        observations = [observe(analysis)]
     base = observations[0]
     blocked = one_rank_blocked(script, base) if base.world_size > 1 else None
     one_rank_script = replace(script, argv=(*script.argv, ONE_RANK_OVERRIDE))
