@@ -102,6 +102,15 @@ def test_kept_steps_are_not_the_logging_steps_and_no_slow_period_is_made_of_them
     assert said in md
 
 
+def test_the_step_time_of_a_sampled_run_is_the_step_time_of_all_its_steps(tmp_path: Path) -> None:
+    # Kept only at multiples of 100, the 50 sampled steps of a 6,000-step run were all logging steps: the
+    # mean step time came out 3% high (and 10% on a 20,000-step run, with p95 the logging step's time).
+    walls = _logging_run_ms(6000)
+    analysis = analyze(_record(tmp_path / "run", walls))
+    every_step_ms = sum(walls[1:]) / len(walls[1:])
+    assert analysis.step_time.mean_ms == pytest.approx(every_step_ms, rel=0.01)
+
+
 def analysis_steps(run_dir: Path) -> list[Any]:
     from tuneup import load_run
 
