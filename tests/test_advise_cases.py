@@ -210,3 +210,10 @@ def test_text_output_prints_the_lightningcli_yaml() -> None:
     lines = advice_text(advice)
     at = lines.index("   or in a LightningCLI config (YAML):")
     assert lines[at + 1 : at + 4] == ["     data:", "       init_args:", "         batch_size: 64"]
+
+
+def test_a_change_to_what_the_run_has_is_never_recommended(recorded: RunAnalysis) -> None:
+    ctx = context(recorded, [B32])
+    same = ctx.predict(ctx.setting)
+    rec = ctx.recommendation("x", "x", [Change("batch_size", "32", "32")], same, ["e"], ("code", None))
+    assert rec is None and considered(ctx)["batch_size 32 → 32"] == "the run already has this setting"

@@ -228,3 +228,26 @@ def test_local_steps_cost_what_a_run_without_collectives_costs() -> None:
         .mean_ms.value
     )
     assert local == pytest.approx(alone + 11.0 / 4)
+
+
+def test_local_sgd_measured_by_a_run_given_is_judged_by_it(analyses: dict[str, RunAnalysis]) -> None:
+    # The run that used TuneupDDPStrategy(local_sgd_period=4), passed beside the exact one: its average's
+    # time is the model's, and the recommendation is the measured gain.
+    exact = material()
+    local = material(
+        run_id="local", local_sgd_period=4, averaging_ms=40.0, step_mean_ms=26.0, step_median_ms=23.0
+    )
+    o = exact
+    ctx = AdviceContext(
+        analysis=analyses["lightning.pytorch"], observation=o, model=fit_step_model([exact, local]),
+        economics=Economics(None, None, None, o.samples_per_step), objective="samples/s",
+        model_observations=[exact, local],
+    )  # fmt: skip
+    assert ctx.model.averaging_ms == {2: 40.0}
+    rec = by_id(communication.recommend(ctx))["communication.local_sgd"]
+    assert rec.predicted is not None and rec.predicted.measured_run == local.run_id
+    assert rec.gain.value == pytest.approx(exact.step_mean_ms / 26.0 - 1)
+    assert any("40.0 ms as measured" in e for e in rec.evidence)
+    from tuneup.report.advice import headline
+
+    assert f"measured (run {local.run_id})" in headline(rec)

@@ -131,9 +131,12 @@ class AdviceContext:
         else None and a line in `considered` saying what the gain would have been (and `settle`: what
         measurement would decide it)."""
         objective = objective or self.objective
+        knob = describe(changes)
+        if all(c.current == c.proposed for c in changes):  # a rule's defect: never advise what the run has
+            self.skip(knob, "the run already has this setting")
+            return None
         current = self.baseline(proposed)
         gain = relative_gain(current, proposed, objective)
-        knob = describe(changes)
         if gain.value < self.min_gain:
             self.skip(
                 knob,

@@ -53,7 +53,9 @@ def _usd(r: Range | None) -> str:
 
 
 def headline(rec: Recommendation) -> str:
-    return f"{rec.title}: {rec.objective} {pct(rec.gain)} predicted ({rec.confidence} confidence)"
+    measured = rec.predicted is not None and rec.predicted.measured_run is not None
+    how = f"measured (run {rec.predicted.measured_run})" if measured and rec.predicted else "predicted"
+    return f"{rec.title}: {rec.objective} {pct(rec.gain)} {how} ({rec.confidence} confidence)"
 
 
 def _figures(label: str, p: Predicted | None) -> tuple[str, str] | None:
