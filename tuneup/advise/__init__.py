@@ -54,14 +54,14 @@ def _objective(analyses: Sequence[RunAnalysis]) -> tuple[str, float | None, str]
             return (
                 "goodput",
                 v.b_simple,
-                f"objective: goodput (samples/s weighed by statistical efficiency) for every figure below, "
+                f"objective: goodput (samples/s weighed by statistical efficiency) for every figure, "
                 f"because {v.text}{source}",
             )
     measured = next((v for v in verdicts if v.kind != "not measured"), verdicts[0])
     return (
         "samples/s",
         None,
-        f"objective: samples/s for every figure below, because {measured.text}; so batch advice is judged by "
+        f"objective: samples/s for every figure, because {measured.text}; so batch advice is judged by "
         "samples/s alone, not by goodput, and a larger batch may need more samples to reach the same loss",
     )
 

@@ -137,10 +137,18 @@ class AdviceContext:
             return None
         current = self.baseline(proposed)
         gain = relative_gain(current, proposed, objective)
+        how = "predicted"
+        if proposed.measured_run is not None:
+            # Measured: a rerun of both runs settles it, not a model.
+            how = f"measured (run {proposed.measured_run})"
+            settle = (
+                "within the run-to-run noise of one run each: rerun both settings, interleaved, and compare them "
+                "with `tuneup compare`"
+            )
         if gain.value < self.min_gain:
             self.skip(
                 knob,
-                f"predicted {objective} change {gain.value:+.1%} [{gain.low:+.1%}, {gain.high:+.1%}], under the "
+                f"{how} {objective} change {gain.value:+.1%} [{gain.low:+.1%}, {gain.high:+.1%}], under the "
                 f"{self.min_gain:.0%} threshold"
                 # Where the interval still reaches a gain, say what would settle it.
                 + (
@@ -153,7 +161,7 @@ class AdviceContext:
         if gain.low <= 0:  # the evidence does not rule out a loss: say what would settle it instead
             self.skip(
                 knob,
-                f"predicted {objective} change {gain.value:+.1%}, but the interval [{gain.low:+.1%}, "
+                f"{how} {objective} change {gain.value:+.1%}, but the interval [{gain.low:+.1%}, "
                 f"{gain.high:+.1%}] includes no gain: {settle or 'measure it to know'}",
             )
             return None
