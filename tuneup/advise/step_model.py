@@ -476,7 +476,7 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
         [(o.batch_size, o.data_ms / o.accumulation) for o in observations], proportional=True
     )
     other_line = _fit_term(
-        [(o.batch_size, (o.other_ms + o.sync_ms) / o.accumulation) for o in observations], proportional=False
+        [(o.batch_size, _loop_ms(o) / o.accumulation) for o in observations], proportional=False
     )
     data_per_sample = data_line.at(base.batch_size) / base.batch_size
     other = other_line.at(base.batch_size)
@@ -599,6 +599,13 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
         predicted = model.predict(observed_setting(o)).mean_ms.value
         errors.append(abs(predicted / o.step_mean_ms - 1) if o.step_mean_ms > 0 else 0.0)
     return dataclasses.replace(model, fit_error=max(errors) if len(observations) > 1 else None)
+
+
+def _loop_ms(o: Observation) -> float:
+    """The loop's own time per step (other and Lightning's sync), with whatever of the mean step the phases
+    do not account for: the model gives back the step the run measured, not the sum of its phases."""
+    phases = o.data_ms + o.forward_ms + o.backward_ms + o.optimizer_ms + o.sync_ms + o.other_ms
+    return o.other_ms + o.sync_ms + (o.step_mean_ms - phases)
 
 
 def observed_setting(o: Observation) -> Setting:

@@ -240,9 +240,9 @@ def noise_scale_section(run: Run, steady: dict[int, list[StepRecord]]) -> NoiseS
     notes = []
     if b_simple is None:
         notes.append(
-            f"The mean |G|² estimate is not positive: at batch sizes {small_batch} and {big_batch} the "
+            f"No signal: the mean |G|² estimate is not positive: at batch sizes {small_batch} and {big_batch} the "
             "gradient's signal is below its noise, so B_simple is larger than these batch sizes can measure "
-            f"(far above {big_batch})."
+            f"(far above {big_batch}), or the gradient has no signal at all (random labels)."
         )
     elif high is None:
         notes.append(
