@@ -52,10 +52,14 @@ def _usd(r: Range | None) -> str:
     return f"${r.value:,.4g} [{r.low:,.4g}, {r.high:,.4g}]" if r is not None else "not priced"
 
 
+def _how(rec: Recommendation) -> str:
+    """Whether the gain is a run's measurement or the model's prediction."""
+    run = rec.predicted.measured_run if rec.predicted is not None else None
+    return f"measured (run {run})" if run is not None else "predicted"
+
+
 def headline(rec: Recommendation) -> str:
-    measured = rec.predicted is not None and rec.predicted.measured_run is not None
-    how = f"measured (run {rec.predicted.measured_run})" if measured and rec.predicted else "predicted"
-    return f"{rec.title}: {rec.objective} {pct(rec.gain)} {how} ({rec.confidence} confidence)"
+    return f"{rec.title}: {rec.objective} {pct(rec.gain)} {_how(rec)} ({rec.confidence} confidence)"
 
 
 def _figures(label: str, p: Predicted | None) -> tuple[str, str] | None:
@@ -72,7 +76,7 @@ def _figures(label: str, p: Predicted | None) -> tuple[str, str] | None:
 def recommendation_blocks(rec: Recommendation) -> list[Block]:
     pairs = [
         ("Change", "; ".join(f"{c.knob}: {c.current} → {c.proposed}" for c in rec.changes)),
-        ("Predicted gain", f"{rec.objective} {pct(rec.gain)}; {rec.confidence} confidence"),
+        ("Gain", f"{rec.objective} {pct(rec.gain)} {_how(rec)}; {rec.confidence} confidence"),
     ]
     for label, p in (("Now (model)", rec.current), ("After", rec.predicted)):
         row = _figures(label, p)
