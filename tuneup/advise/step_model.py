@@ -4,10 +4,15 @@ link? A step-time model fitted from one or more recorded runs of the same worklo
 The model (Pollux/AdaptDL's, with the terms tuneup measures):
 
     micro-batch compute  C(b) = α + β·b            forward and backward, per rank
-    data wait            D(b) = δ·b                per micro-batch, the loader as it ran
+    data wait            D(b) = δ₀ + δ·b           per micro-batch, the loader as it ran
+    the loop's own time  L(b) = λ₀ + λ·b           per micro-batch: other, sync, and what the phases miss
     collectives          S    = Σ_buckets T(kind, p, bytes·f; α_link, β_link)   the link's alpha-beta fit
     last micro-batch     T_opt = F + (B^γ + S^γ)^(1/γ) + I·S/S₀
-    step                 T = s·D(b) + (s−1)·C(b) + T_opt + optimizer + other
+    step                 T = s·D(b) + (s−1)·C(b) + T_opt + optimizer + s·L(b)
+
+D and L are lines in the batch size like C (least squares over the runs' batch sizes), so that the model
+gives back the mean step of every run it was fitted to; with one batch size seen, each is either fixed or
+proportional to the batch (the point: the wait proportional, the loop fixed) and the interval spans both.
 
 F and B are the forward and backward shares of C(b); s the micro-batches per step; p the world size; f the
 bytes a compressing hook sends per byte of gradient. S is held to what the run measured (the link fit only
@@ -26,9 +31,14 @@ Local SGD with period H (`Setting.local_sgd_period`) sends no gradient: S = 0 in
 and the step gains A/H, A = T(all_reduce, p, Σ bytes) the parameters' average (one flat buffer, as many bytes
 as the gradients, held to the measured time as S is) run after the optimizer with nothing to hide behind.
 That is the mean step, which throughput follows; for H > 2 the median step is a local one, without A.
+A is taken as a run that averaged measured it; unmeasured, between the link fit and 8x it (one flat buffer
+of every parameter costs more than DDP's buckets suggest). The strategy's exact warm-up steps are spread
+over the base run's length: its mean step over a run as long as this one.
 
 With one batch size seen, α and β cannot both be known: AdaptDL fixes α at half the compute, and the
-interval spans α from 0 (compute proportional to the batch) to all of it (compute fixed).
+interval spans α from 0 (compute proportional to the batch) to all of it (compute fixed), and beyond twice
+the batch seen, compute growing faster than the batch. The model's own error widens both ends as a factor
+(the low end divided by 1 + err), so that no interval reaches a step of zero or less.
 """
 
 from __future__ import annotations
