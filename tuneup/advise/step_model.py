@@ -485,12 +485,15 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     data_line = _fit_term(
         [(o.batch_size, o.data_ms / o.accumulation) for o in observations], proportional=True
     )
+    # The optimizer's time does not depend on the batch: one mean, and each run's difference from it goes
+    # with its loop's time, so that it too comes back as measured.
+    optimizer = statistics.fmean(o.optimizer_ms for o in observations)
     other_line = _fit_term(
-        [(o.batch_size, _loop_ms(o) / o.accumulation) for o in observations], proportional=False
+        [(o.batch_size, (_loop_ms(o) + o.optimizer_ms - optimizer) / o.accumulation) for o in observations],
+        proportional=False,
     )
     data_per_sample = data_line.at(base.batch_size) / base.batch_size
     other = other_line.at(base.batch_size)
-    optimizer = statistics.fmean(o.optimizer_ms for o in observations)
     averaging = {
         o.world_size: o.averaging_ms for o in observations if o.averaging_ms is not None and o.world_size > 1
     }
