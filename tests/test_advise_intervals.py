@@ -9,8 +9,10 @@ fails here rather than being hidden by the repair. No torch, no training: each e
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,7 +52,9 @@ def strict() -> Iterator[None]:
 @cache
 def recorded() -> RunAnalysis:
     """A recorded run whose analysis the rules read beside the observations (namespace, telemetry)."""
-    return analyze(make_run(Path(tempfile.mkdtemp(prefix="tuneup-intervals-")) / "run", world_size=2))
+    where = Path(tempfile.mkdtemp(prefix="tuneup-intervals-"))
+    atexit.register(shutil.rmtree, where, True)
+    return analyze(make_run(where / "run", world_size=2))
 
 
 ms = st.floats(0.0, 500.0, allow_nan=False)
