@@ -175,8 +175,9 @@ def test_an_old_record_of_a_ctrl_c_reads_as_a_user_stop(tmp_path: Path) -> None:
 
 def test_a_preemption_still_plans_checkpoints_with_no_zero_interval(tmp_path: Path) -> None:
     # A SIGTERM after 12 s with a 5 ms save: tau* = sqrt(2 x 0.005 x 12) ~ 0.35 s, under a second.
+    # Saved after steps 79 and 159: the 40 steps after the last save (2.4 s) are lost to the SIGTERM.
     run_dir = _record(
-        tmp_path / "run", [60.0] * 200, status="exception", stop_reason="sigterm", saves_every=100
+        tmp_path / "run", [60.0] * 200, status="exception", stop_reason="sigterm", saves_every=80
     )
     analysis = analyze(run_dir)
     assert analysis.interruptions is not None and analysis.interruptions.interruptions == 1
@@ -184,9 +185,12 @@ def test_a_preemption_still_plans_checkpoints_with_no_zero_interval(tmp_path: Pa
     (rec,) = _checkpoint_advice(run_dir)[0]
     assert not re.search(r"\(~0 s\)|timedelta\(seconds=0\)", rec.title + rec.code)
     assert "timedelta" not in rec.code  # under a second: the step form alone
-    # The model's loss is put in seconds beside what the report counts as lost (nothing redone yet).
-    (line,) = [e for e in rec.evidence if "the report counts" in e]
-    assert "not yet followed by a resumed segment" in line
+    # The report counts the work since the last save as lost (no segment resumed to redo it yet: it was
+    # "0.00 s"), and the advice puts the model's loss in seconds beside that figure.
+    section = analysis.interruptions
+    assert section.unsaved_s == pytest.approx(2.4, abs=0.05) and section.lost_s == section.unsaved_s
+    (line,) = [e for e in rec.evidence if "the record lost" in e]
+    assert "the record lost 2.4 s of work to its interruptions" in line
 
 
 # -- torch.compile -----------------------------------------------------------------------------------

@@ -148,23 +148,18 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
 def _against_the_record(
     section: Interruptions, now: float, current_s: float, save_s: float, run_s: float, interruptions: int
 ) -> str:
-    """The model's loss at the run's own interval in seconds, beside what the report counts as lost: the
-    gain is a share of the first, which the second shows only once a resumed segment has redone the work."""
+    """The model's loss at the run's own interval in seconds, beside the work the report counts as lost to
+    the interruptions (redone, or unsaved where no segment resumed yet): the gain is a share of the first,
+    and the second is what the record saw of it. Downtime is left out of both (no interval changes it)."""
     saves_s = save_s * run_s / current_s
     redo_s = interruptions * current_s / 2
-    lost = section.lost_s or 0.0
-    line = (
-        f"at the run's interval the model loses {_duration(now * run_s)} of its {_duration(run_s)} "
-        f"({_duration(saves_s)} saving, {_duration(redo_s)} of work redone, half an interval per "
-        f"interruption); the report counts {_duration(lost)} lost so far (downtime and work redone)"
+    seen_s = (section.redone_s or 0.0) + (section.unsaved_s or 0.0)
+    return (
+        f"at the run's interval the model loses {_duration(now * run_s)} of its {_duration(run_s)}: "
+        f"{_duration(saves_s)} saving and {_duration(redo_s)} of work to redo (half an interval per "
+        f"interruption); the record lost {_duration(seen_s)} of work to its interruptions (the report's "
+        "time lost, less downtime)"
     )
-    resumed = sum(1 for seg in section.segments if seg.redone_steps is not None)
-    if resumed < interruptions:
-        line += (
-            f"; {interruptions - resumed} interruption(s) not yet followed by a resumed segment: their "
-            "work since the last save is redone, and counted, only when the run resumes"
-        )
-    return line
 
 
 def _loop_overhead(ctx: AdviceContext) -> float | None:

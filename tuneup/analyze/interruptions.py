@@ -1,9 +1,11 @@
 """Interruptions: a run's segments, the time and work each interruption cost, and how often to checkpoint.
 
 Each segment after the first began because the one before it ended early (a kill, a crash, a pre-emption)
-or was restarted. A segment the user stopped (Ctrl-C) ended as its user chose: it is no interruption, and
-no checkpoint interval is planned for it (a SIGTERM's pre-emption or a kill still counts). An interruption costs the downtime between segments and the work redone: the steps
-between the checkpoint a segment resumed from and where the segment before it had got to.
+or was restarted. An interruption costs the downtime between segments and the work redone: the steps
+between the checkpoint a segment resumed from and where the segment before it had got to; where no
+segment resumed after it yet, the training since its last save, which a resume will redo. A segment the
+user stopped (Ctrl-C) ended as its user chose: it is no interruption, and no checkpoint interval is
+planned for it (a SIGTERM's pre-emption or a kill still counts).
 
 The checkpoint interval that minimizes the expected loss is Young/Daly's T = sqrt(2 x C x MTBF), with C
 the time to save one checkpoint (measured: how much longer the steps that carried a save took than the
@@ -101,6 +103,19 @@ def _segment(run: Run, step_ms: float | None) -> Segment:
     )
 
 
+def _unsaved_s(run: Run, segment: Segment) -> float | None:
+    """Seconds of training from the segment's last checkpoint save (its end, as the callback timed it; in
+    older records the end of the last step that carried one) to its last step, or from its first step
+    without a save: what an interruption at its end lost."""
+    saves = [t + d for rec in run.ranks.values() for t, d in timed_events(rec, "checkpoint") if t is not None]
+    saves = saves or [s.t_end for rec in run.ranks.values() for s in rec.steps if s.checkpoint]
+    starts = [s.t_end - s.wall_ms / 1000.0 for rec in run.ranks.values() for s in rec.steps[:1]]
+    if segment.end_unix is None or not (saves or starts):
+        return None
+    since = max(saves) if saves else min(starts)
+    return finite(max(0.0, segment.end_unix - since))
+
+
 def _completed(segment: Segment) -> bool:
     return segment.status == ["completed"]
 
@@ -134,8 +149,13 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
     for i in range(1, len(rows)):
         if not by_user[i - 1]:
             rows[i] = _after_interruption(rows[i - 1], rows[i])
+    for i, (run, user) in enumerate(zip(segments, by_user, strict=True)):
+        resumed = i + 1 < len(rows) and rows[i + 1].redone_steps is not None
+        if not (_completed(rows[i]) or user or resumed):
+            rows[i] = dataclasses.replace(rows[i], unsaved_s=_unsaved_s(run, rows[i]))
     downtime_s = sum(r.downtime_before_s or 0.0 for r in rows)
     redone_s = sum(r.redone_s or 0.0 for r in rows)
+    unsaved_s = sum(r.unsaved_s or 0.0 for r in rows)
     # A segment that did not complete ended with an interruption, whether or not another followed it;
     # resuming a completed fit to train on is none, and neither is a fit the user stopped.
     interruptions = sum(1 for row, user in zip(rows, by_user, strict=True) if not (_completed(row) or user))
@@ -154,7 +174,7 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
         )
         usd_lost = finite(
             sum(
-                ((r.downtime_before_s or 0.0) + (r.redone_s or 0.0))
+                ((r.downtime_before_s or 0.0) + (r.redone_s or 0.0) + (r.unsaved_s or 0.0))
                 / 3600.0
                 * usd_per_device_hour
                 * r.world_size
@@ -166,7 +186,7 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
         interruptions=interruptions,
         downtime_s=finite(downtime_s),
         redone_s=finite(redone_s),
-        lost_s=finite(downtime_s + redone_s),
+        lost_s=finite(downtime_s + redone_s + unsaved_s),
         run_s=finite(run_s),
         checkpoint_save_s=finite(save_s),
         checkpoint_saves_seen=saves,
@@ -180,4 +200,5 @@ def interruptions_section(segments: list[Run], usd_per_device_hour: float | None
         usd_all_segments=usd_all,
         usd_lost=usd_lost,
         user_stops=sum(by_user),
+        unsaved_s=finite(unsaved_s),
     )

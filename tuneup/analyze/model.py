@@ -767,6 +767,9 @@ class Segment:
     downtime_before_s: float | None = decimals(6, default=None)
     redone_steps: int | None = None
     redone_s: float | None = decimals(6, default=None)
+    # A segment that ended interrupted with no segment resumed after it: its training since its last save
+    # (or since its start, without one), lost, or to be redone when it resumes.
+    unsaved_s: float | None = decimals(6, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -788,6 +791,7 @@ class Interruptions:
     usd_lost: float | None = decimals(6, default=None)
     # Segments the user stopped (Ctrl-C): an end the user chose, not an interruption to plan checkpoints for.
     user_stops: int = 0
+    unsaved_s: float | None = decimals(6, default=None)  # the segments' unsaved_s, in lost_s
 
 
 # -- operators (profiled steps) ----------------------------------------------------------------------

@@ -34,7 +34,7 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     else:
         metrics = [
             Metric("Interruptions", text(n), "segments that ended early or were restarted"),
-            Metric("Time lost", duration(section.lost_s), "downtime plus work redone"),
+            Metric("Time lost", duration(section.lost_s), "downtime plus work redone or not saved"),
         ]
         if is_number(section.usd_lost):
             metrics.append(Metric("Cost of the interruptions", usd(section.usd_lost), "at the job's price"))
