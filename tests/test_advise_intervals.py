@@ -25,12 +25,13 @@ from hypothesis import strategies as st
 
 from tests.synthetic import make_run
 from tests.test_advise import obs
-from tuneup.advise import batch, communication, data_loading, model, precision
+from tuneup.advise import AdviceOptions, batch, communication, data_loading, model, precision
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Predicted, Range, Setting
 from tuneup.advise.observe import Observation
 from tuneup.advise.outcomes import Economics, relative_gain
 from tuneup.advise.step_model import fit_step_model
+from tuneup.advise.whatif import what_if
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
 from tuneup.report import analyze
 
@@ -70,6 +71,7 @@ def runs(draw: st.DrawFn) -> list[Observation]:
     shared = dict(
         cpu_count=cpus,
         on_gpu=on_gpu,
+        gpu_name="NVIDIA H100 80GB HBM3" if on_gpu else None,
         precision=draw(st.sampled_from(("32-true", "bf16-mixed"))),
         num_workers=draw(st.sampled_from((0, 2, 16))),
         run_steps=draw(st.sampled_from((None, 60, 1000))),
@@ -167,6 +169,13 @@ def test_every_interval_is_ordered_bounded_and_holds_its_point(
                 check_predicted(rec.predicted, rec.title)
             if rec.cost_change is not None:
                 check(rec.cost_change, f"{rec.title} cost", relative=True)
+        # The same workload on the catalog's instances (GPU runs).
+        whatif = what_if(ctx, AdviceOptions())
+        for row in whatif.rows:
+            for name in ("step_ms", "samples_per_s", "goodput_samples_per_s", "usd_per_million_samples"):
+                r = getattr(row, name)
+                if r is not None:
+                    check(r, f"what-if {row.instance} {name}")
         # What was left alone is printed with its interval too: "+0.2% [-58.2%, -352.9%]" was one of these.
         for c in ctx.considered:
             for value, low, high in PRINTED.findall(c.reason):
