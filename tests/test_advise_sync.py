@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import tarfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,7 +17,7 @@ from tests.test_advise import obs
 from tuneup.advise import code, communication
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Recommendation, Setting
-from tuneup.advise.observe import Observation
+from tuneup.advise.observe import Observation, observe
 from tuneup.advise.outcomes import Economics
 from tuneup.advise.step_model import fit_step_model
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
@@ -251,3 +253,23 @@ def test_local_sgd_measured_by_a_run_given_is_judged_by_it(analyses: dict[str, R
     from tuneup.report.advice import headline
 
     assert f"measured (run {local.run_id})" in headline(rec)
+
+
+def test_the_strategy_a_run_used_is_read_from_its_record(tmp_path: Path) -> None:
+    # Real TuneupDDPStrategy runs (2 gloo ranks, the demo transformer, 120 steps): the advice knows what the
+    # run has, and a local SGD run's average as it measured it (its strategy-phase mean step over its local
+    # median step, times H).
+    with tarfile.open(Path(__file__).parent / "data" / "sync_runs.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    local = observe(analyze(tmp_path / "local4"))
+    assert (local.local_sgd_period, local.compression, local.run_steps) == (4, None, 120)
+    assert local.averaging_ms is not None and 0 < local.averaging_ms < local.step_median_ms
+    assert observe(analyze(tmp_path / "fp16")).compression == "fp16"
+    assert observe(analyze(tmp_path / "powersgd")).compression == "powersgd"
+    # Advice on the local SGD run proposes no strategy: it has one.
+    ctx = AdviceContext(
+        analysis=analyze(tmp_path / "local4"), observation=local, model=fit_step_model([local]),
+        economics=Economics(None, None, None, local.samples_per_step), objective="samples/s",
+    )  # fmt: skip
+    ids = {r.id for r in communication.recommend(ctx)}
+    assert not ids & {"communication.local_sgd", "communication.fp16_compression"}
