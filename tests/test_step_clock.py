@@ -386,3 +386,83 @@ def test_marks_inside_an_excluded_interval_are_excluded_with_it() -> None:
     clock.close_step(1, 0)
     clock.drain()
     assert (out[1]["data_ms"], out[1]["sync_ms"], out[1]["wall_ms"]) == (2, 0, 5)
+
+
+def test_tuneups_own_time_in_a_hook_leaves_the_users_phase_and_is_the_steps_tuneup_ms(monkeypatch) -> None:
+    # A hook marks at its entry and hands back its own time at its exit (the callback's norms, its step
+    # bookkeeping): the user's phases hold none of it, and the step is its phases plus tuneup's own.
+    from tuneup.collect import step_clock
+
+    now = [10.0]
+    monkeypatch.setattr(step_clock.time, "perf_counter", lambda: now[0])
+    out: list[dict] = []
+    clock = StepClock(step_clock.HostTimer(), out.append)
+    clock.restart()
+
+    def hook(mark: Any, own_s: float) -> None:
+        entered = now[0]
+        mark(at=entered)
+        now[0] += own_s  # tuneup's own work, after the mark
+        clock.own_since(entered)
+
+    for step in range(2):
+        now[0] += 0.002  # data
+        hook(clock.batch_start, 0.0005)
+        now[0] += 0.010  # the user's forward
+        clock.before_backward()
+        now[0] += 0.020
+        hook(clock.after_backward, 0.003)  # the noise scale's first norm
+        now[0] += 0.001
+        hook(clock.before_optimizer, 0.003)  # its second norm
+        now[0] += 0.004
+        hook(clock.batch_end, 0.001)  # closing the step: in the gap, the next step's own time
+        clock.close_step(step, 0)
+    clock.drain()
+    first, second = out
+    assert (first["forward_ms"], first["backward_ms"], first["optimizer_ms"]) == pytest.approx((10, 20, 5))
+    assert first["tuneup_ms"] == pytest.approx(6.5)
+    assert second["data_ms"] == pytest.approx(2) and second["tuneup_ms"] == pytest.approx(7.5)
+    for r in out:
+        phases = sum(r[f"{p}_ms"] for p in ("data", "forward", "backward", "optimizer", "sync", "other"))
+        assert r["wall_ms"] == pytest.approx(phases + r["tuneup_ms"])
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+@pytest.mark.parametrize("pause", ["exclude", "sync"])
+def test_a_pause_inside_the_second_forward_leaves_it_forward(deferred: bool, pause: str) -> None:
+    # After the first optimizer's step the clock cannot name the time until the next mark (the generator's
+    # forward, or the batch's end): a save or a barrier in there must not settle it as "other".
+    timer, out = ScriptedTimer(deferred=deferred), []
+    clock = StepClock(timer, out.append)
+    clock.restart()
+    start, end = (
+        (clock.exclude_start, clock.exclude_end) if pause == "exclude" else (clock.sync_start, clock.sync_end)
+    )
+    timer.now_ms += 2
+    clock.batch_start(4)
+    timer.now_ms += 10
+    clock.before_backward()
+    timer.now_ms += 20
+    clock.after_backward()
+    clock.before_optimizer()
+    timer.now_ms += 4
+    clock.after_optimizer()
+    timer.now_ms += 3  # zero_grad, toggling the next optimizer: the generator's forward begins
+    start()
+    timer.now_ms += 50
+    end()
+    timer.now_ms += 8  # the rest of the generator's forward
+    clock.before_backward()
+    timer.now_ms += 20
+    clock.after_backward()
+    clock.before_optimizer()
+    timer.now_ms += 4
+    clock.after_optimizer()
+    timer.now_ms += 1
+    clock.batch_end()
+    clock.close_step(0, 0)
+    clock.drain(force=True)
+    (r,) = out
+    assert (r["forward_ms"], r["backward_ms"], r["optimizer_ms"], r["other_ms"]) == (21, 40, 8, 1)
+    assert r["sync_ms"] == (50 if pause == "sync" else 0)
+    assert r["wall_ms"] == 2 + 21 + 40 + 8 + 1 + r["sync_ms"]

@@ -1018,10 +1018,15 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     # The per-batch hooks guard themselves inline rather than through `_guarded`: its wrapper frame and
     # argument packing cost, in caches the step has just emptied, as much as a mark (issue 13).
 
+    # Each per-batch hook takes its mark at its entry and hands the clock its own time at its exit
+    # (`own_since`): the batch's size, the noise scale's norms, the step's bookkeeping are tuneup's own
+    # time, the step's `tuneup_ms`, and none of them lands in the user's forward, backward or "other".
+
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         clock = self._clock
         if clock is None or self._disabled:
             return
+        entered = time.perf_counter()
         try:
             if self._first_batch:
                 self._first_batch = False
@@ -1032,9 +1037,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 self._noise_step_starts()
             if self._profiler is not None:
                 self._profiler.batch_start(self._steps_done)
-            clock.batch_start(samples, tokens)
+            clock.batch_start(samples, tokens, at=entered)
             if self.count_flops and not self._flops_done:
                 self._start_counting_flops(samples, tokens)
+            clock.own_since(entered)
         except Exception as exc:
             self._hook_failed("on_train_batch_start", exc)
 
@@ -1047,7 +1053,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         clock = self._clock
         if clock is not None and not self._disabled:
             try:
-                clock.before_backward()
+                clock.before_backward()  # nothing of tuneup's own after it: the mark is the hook's cost
             except Exception as exc:
                 self._hook_failed("on_before_backward", exc)
 
@@ -1056,8 +1062,14 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if clock is not None and not self._disabled:
             try:
                 if self._noise_taken and clock.micro_batches == 1 and self._noise_method == "accumulation":
+                    entered = time.perf_counter()
+                    clock.after_backward(at=entered)
                     self._noise_first_micro_batch(clock, pl_module)
-                clock.after_backward()
+                    clock.own_since(entered)
+                else:
+                    if self._noise_taken and self._comm is not None:
+                        clock.add_own(self._comm.take_own_s())  # the DDP hook's norms in this backward
+                    clock.after_backward()
             except Exception as exc:
                 self._hook_failed("on_after_backward", exc)
 
@@ -1065,37 +1077,43 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         clock = self._clock
         if clock is not None and not self._disabled:
             try:
+                entered = time.perf_counter()
+                clock.before_optimizer(at=entered)
                 if self.grad_norm:
                     clock.grad_norm = _total_grad_norm(pl_module)
                 if self._noise_taken:
                     self._noise_step(clock, trainer, pl_module, optimizer)
-                clock.before_optimizer()
+                clock.own_since(entered)
             except Exception as exc:
                 self._hook_failed("on_before_optimizer_step", exc)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        entered = time.perf_counter()
         if self._trial is not None:
             self._trial.batch_ended(trainer)  # recording or not: the trial's budget and stop rule hold
         clock = self._clock
         if clock is None or self._disabled:
             return
         try:
-            self._batch_ended(clock, trainer, outputs)
+            self._batch_ended(clock, trainer, outputs, entered)
+            # The step's bookkeeping (closing it, the noise scale's sampling, waking the writer) is in the
+            # gap before the next batch: the next step's own time.
+            clock.own_since(entered)
         except Exception as exc:
             self._hook_failed("on_train_batch_end", exc)
 
-    def _batch_ended(self, clock: StepClock, trainer: Any, outputs: Any) -> None:
+    def _batch_ended(self, clock: StepClock, trainer: Any, outputs: Any, entered: float) -> None:
         if self._flops_batch is not None:  # the first micro-batch: its FLOPs were being counted
             self._record_flops(trainer)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and hasattr(loss, "detach"):
             # Automatic optimization hands over a detached copy; a manual training_step may return the
             # loss with its graph, which must not be kept alive until the step is resolved.
-            clock.batch_end(loss if self._automatic_optimization else loss.detach())
+            clock.batch_end(loss if self._automatic_optimization else loss.detach(), at=entered)
         else:
-            clock.batch_end()
+            clock.batch_end(at=entered)
         global_step = trainer.global_step
         if global_step == self._seen_global_step:
             if self._profiler is not None:

@@ -108,12 +108,17 @@ def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) 
         return StepTime(median_ms=None, mean_ms=None, p95_ms=None, phases={}, per_rank=[])
     mean_wall = _mean([s.wall_ms for s in all_steps])
     n = len(all_steps)
+    per_phase = {p.removesuffix("_ms"): [getattr(s, p) for s in all_steps] for p in PHASES}
+    if any(s.tuneup_ms is not None for s in all_steps):
+        # tuneup's own time, where the record keeps it out of the phases: a line of its own, so that the
+        # phases are the user's and the lines still add up to the step.
+        per_phase["tuneup"] = [s.tuneup_ms or 0.0 for s in all_steps]
     phases = {}
-    for p in PHASES:
-        values = sorted(getattr(s, p) for s in all_steps)
+    for name, unordered in per_phase.items():
+        values = sorted(unordered)
         ms = _mean(values)
         median = finite(quantile(values, 0.5))
-        phases[p.removesuffix("_ms")] = PhaseTime(
+        phases[name] = PhaseTime(
             ms=finite(ms),  # type: ignore[arg-type]
             share=finite(ms / mean_wall if mean_wall else 0.0),  # type: ignore[arg-type]
             median_ms=median,

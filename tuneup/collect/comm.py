@@ -108,6 +108,11 @@ class CommProbe:
         # Host seconds each of those norms took (appended from the autograd and communication threads;
         # the callback takes them once the step is over), for the noise scale's sampling.
         self.noise_times: list[float] = []
+        # Of those, the seconds spent on the training thread (a CPU backward runs the comm hook there): time
+        # the step's backward held that is tuneup's own (`take_own_s`). Norms on other threads (a
+        # communication thread's callbacks) overlap the step rather than lengthen it one for one.
+        self.training_thread = threading.get_ident()
+        self._own_s = 0.0
         self.hook_name: str | None = None  # the DDP comm hook in use, as registered
 
     # -- marks ---------------------------------------------------------------------------------------
@@ -122,6 +127,16 @@ class CommProbe:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
+
+    def take_own_s(self) -> float:
+        """Seconds of norms taken on the training thread since the last call."""
+        taken, self._own_s = self._own_s, 0.0
+        return taken
+
+    def _norm_took(self, seconds: float) -> None:
+        self.noise_times.append(seconds)
+        if threading.get_ident() == self.training_thread:
+            self._own_s += seconds
 
     def take_noise_times(self) -> list[float]:
         """The host seconds of the norms taken since the last call (the step that just closed)."""
@@ -163,9 +178,10 @@ class CommProbe:
 
         @functools.wraps(hook)
         def timed_hook(state: Any, bucket: Any) -> Any:
-            start = probe.mark()
-            # Before the hook: hooks divide and reduce the bucket in place.
+            # Before the hook: hooks divide and reduce the bucket in place. Before the collective's start
+            # mark too: the norm is tuneup's own time, not the collective's.
             local_sq = _local_squared_norm(probe, bucket) if probe.noise_scale else None
+            start = probe.mark()
             sent: list[tuple[str, int, str, str | None, int]] = []  # kind, bytes, dtype, scope, ranks
             probe._local.sent = sent
             try:
@@ -300,7 +316,7 @@ def _local_squared_norm(probe: CommProbe, bucket: Any) -> Any:
         warn_once("gns-before", f"cannot take a gradient bucket's norm ({exc}); no noise scale")
         return None
     finally:
-        probe.noise_times.append(time.perf_counter() - started)
+        probe._norm_took(time.perf_counter() - started)
 
 
 def _reduced_squared_norm(probe: CommProbe, record: PendingCollective, averaged: Any) -> None:
@@ -309,7 +325,7 @@ def _reduced_squared_norm(probe: CommProbe, record: PendingCollective, averaged:
         record.reduced_sq = squared_norm(averaged)
     except Exception as exc:  # never the training's problem: this step just has no noise scale
         warn_once("gns-after", f"cannot take a reduced bucket's norm ({exc}); no noise scale")
-    probe.noise_times.append(time.perf_counter() - started)
+    probe._norm_took(time.perf_counter() - started)
 
 
 # No annotations: DDP checks a hook's annotations, and `from __future__ import annotations` makes them strings.
@@ -321,11 +337,12 @@ def timed_allreduce_hook(probe, bucket):  # type: ignore[no-untyped-def]
     Python layer and two callbacks (the hook's and the wrapper's end mark); this hook makes one call to the
     process group and one callback that ends the record and hands the bucket back.
     """
+    # This rank's gradient, before the division below changes the bucket in place; before the start mark,
+    # as tuneup's own time, not the collective's.
+    local_sq = _local_squared_norm(probe, bucket) if probe.noise_scale else None
     start = probe.mark()
     group = probe.process_group
     tensor = bucket.buffer()
-    # This rank's gradient, before the division below changes the bucket in place.
-    local_sq = _local_squared_norm(probe, bucket) if probe.noise_scale else None
     # Divide first, as allreduce_hook does, so that 16-bit gradients cannot overflow in the sum. (Without
     # any hook DDP folds this division into its copy into the bucket: the one pass a hook adds.)
     tensor.div_(group.size())

@@ -23,6 +23,12 @@ to the step's time by construction:
 Intervals the caller excludes (a checkpoint save, validation between batches) belong to no step: the
 step's time is the sum of its phases, and the caller accounts for the excluded time in the job timeline.
 
+tuneup's own work inside a step (its hooks' bookkeeping, the gradient noise scale's norms, a trial's stop
+rule) is none of these phases: the caller takes the mark at the hook's entry (`at=`) and reports the hook's
+time with `own_since`; that time leaves the phase it fell in and is the step's `tuneup_ms`, so that the
+phases are the user's and the step's time is the phases plus tuneup's own. Host timer only: on CUDA a
+phase is the device's time, which a host-side hook lengthens only where the host is what limits the step.
+
 On the host a mark is a `perf_counter` reading, resolved at once. On CUDA a mark also records an event on
 the current stream; elapsed times between events are GPU time (so "data" becomes the time the GPU sat
 waiting for the host), and they are read only once the step's last event has completed, a few steps
@@ -163,6 +169,7 @@ class PendingStep:
     checkpoint: bool
     comm: list[Any] | None = None  # PendingCollective of the step (tuneup.collect.comm)
     noise: Any = None  # PendingNoise of the step (tuneup.collect.grad_noise), where it is measured
+    own_s: float | None = None  # host timer: tuneup's own seconds in the step, out of its phases
 
 
 _PENDING_END = 5  # index of PendingStep.end in the tuples the clock queues
@@ -201,7 +208,13 @@ class StepClock:
         # (before the first restart).
         self._cursor: Any = None
         self._state = _GAP
-        self._suspended: list[int] = []  # states to return to after a sync or an excluded interval
+        # tuneup's own seconds inside the open interval (`own_since`): taken out of its phase when it closes.
+        self._own_open = 0.0
+        # States to return to after a sync or an excluded interval, each with the time it had run before it
+        # (start and end marks, and tuneup's own seconds in it) where that state's phase is decided by the
+        # mark that ends it: the time is held for that phase rather than given to "other" at the suspension.
+        self._suspended: list[tuple[int, Any, Any, float]] = []
+        self._held: list[tuple[Any, Any]] = []  # deferred timer: held intervals of the open state
         self._last_end: Any = None  # the last batch end: a closed step's end mark
         # Told the phase that starts at every mark but a batch's start and end (which its owner reports
         # with the step's number): `listener(name)`. None costs one comparison per mark.
@@ -210,6 +223,7 @@ class StepClock:
 
     def _reset_step(self) -> None:
         self._phase_s = [0.0] * _SLOTS  # host timer: seconds per slot
+        self._own_s = 0.0  # host timer: tuneup's own seconds in the step (`own_since`)
         self._intervals: list[list[tuple[Any, Any]]] | None = (
             None if self._immediate else [[] for _ in range(_SLOTS)]
         )
@@ -222,18 +236,28 @@ class StepClock:
         self.noise: Any = None  # the callback's PendingNoise for this step, where it measures one
         self.checkpoint = False
 
-    def _switch(self, ending: int, state: int) -> Any:
+    def _switch(self, ending: int, state: int, at: float | None = None) -> Any:
         """Close the open interval (giving it to the phase its state and `ending` mark resolve to), start
-        one in `state`; returns the mark taken."""
-        now = self._mark()
+        one in `state`; returns the mark taken. `at`: a host clock reading to use as the mark (the caller's
+        hook entry), for the host timer; the deferred timer takes its own."""
+        now = at if at is not None and self._immediate else self._mark()
         cursor = self._cursor
         if cursor is not None:
             slot = _SLOT_OF[self._state][ending]
             if slot is not None:
                 if self._intervals is None:
-                    self._phase_s[slot] += now - cursor
+                    own = self._own_open
+                    if own:
+                        self._own_s += own
+                        self._own_open = 0.0
+                    self._phase_s[slot] += now - cursor - own
                 else:
                     self._intervals[slot].append((cursor, now))
+                    if self._held:
+                        self._intervals[slot].extend(self._held)
+                        self._held.clear()
+            else:
+                self._own_open = 0.0  # tuneup's work in an excluded interval belongs to no step either
         elif self._step_start is None:
             self._step_start = now
         self._cursor = now
@@ -246,14 +270,28 @@ class StepClock:
     def pending(self) -> int:
         return len(self._pending)
 
+    def own_since(self, started: float) -> None:
+        """tuneup's own work ran from `started` (a host clock reading, at or after the last mark) until now:
+        it is the step's `tuneup_ms`, not part of the phase it fell in. Host timer only (see the module)."""
+        if self._immediate and self._cursor is not None:
+            self._own_open += time.perf_counter() - started
+
+    def add_own(self, seconds: float) -> None:
+        """tuneup's own work, timed by the caller, took `seconds` of the open interval (the DDP hook's norms
+        inside a backward, on the training thread). Host timer only."""
+        if self._immediate and self._cursor is not None and seconds > 0:
+            self._own_open += seconds
+
     # -- marks, in hook order ----------------------------------------------------------------------
 
     def restart(self) -> None:
         """The next gap starts now (epoch start): time before it belongs to no step. A step with batches
         already in it (validation in the middle of gradient accumulation) keeps them."""
         self._cursor = self._mark()
+        self._own_open = 0.0
         self._state = _GAP
         self._suspended.clear()
+        self._held.clear()
         if not self.micro_batches:
             self._reset_step()
 
@@ -267,37 +305,39 @@ class StepClock:
             self._switch(_M_OTHER, _GAP)
             self.fetch_marks_seen = True
 
-    def batch_start(self, samples: int | None = None, tokens: int | None = None) -> None:
+    def batch_start(
+        self, samples: int | None = None, tokens: int | None = None, at: float | None = None
+    ) -> None:
         if self._cursor is None:
             self.restart()
-        self._switch(_M_BATCH_START, FORWARD)
+        self._switch(_M_BATCH_START, FORWARD, at)
         self.micro_batches += 1
         if samples is not None:
             self.samples = (self.samples or 0) + samples
         if tokens is not None:
             self.tokens = (self.tokens or 0) + tokens
 
-    def before_backward(self) -> None:
+    def before_backward(self, at: float | None = None) -> None:
         if self.micro_batches:
-            self._switch(_M_BEFORE_BACKWARD, BACKWARD)
+            self._switch(_M_BEFORE_BACKWARD, BACKWARD, at)
 
-    def after_backward(self) -> None:
+    def after_backward(self, at: float | None = None) -> None:
         if self.micro_batches:
-            self._switch(_M_AFTER_BACKWARD, _AFTER_BACKWARD)
+            self._switch(_M_AFTER_BACKWARD, _AFTER_BACKWARD, at)
 
-    def before_optimizer(self) -> None:
+    def before_optimizer(self, at: float | None = None) -> None:
         if self.micro_batches:
-            self._switch(_M_BEFORE_OPTIMIZER, OPTIMIZER)
+            self._switch(_M_BEFORE_OPTIMIZER, OPTIMIZER, at)
 
     def after_optimizer(self) -> None:
         """An optimizer step ended (torch's step post-hook): what follows is a forward or the batch's end."""
         if self.micro_batches and self._state in (OPTIMIZER, _AFTER_BACKWARD):
             self._switch(_M_AFTER_OPTIMIZER, _AFTER_OPTIMIZER)
 
-    def batch_end(self, loss: Any = None) -> None:
+    def batch_end(self, loss: Any = None, at: float | None = None) -> None:
         """Mark the end of a batch (a micro-batch under accumulation), and add its loss to the step's."""
         if self._cursor is not None:
-            self._last_end = self._switch(_M_BATCH_END, _GAP)
+            self._last_end = self._switch(_M_BATCH_END, _GAP, at)
         if loss is not None:
             # Lightning hands on_train_batch_end a detached copy: summing it keeps a device tensor, no sync.
             self.loss = loss if self.loss is None else self.loss + loss
@@ -319,12 +359,29 @@ class StepClock:
     def _suspend(self, state: int) -> None:
         if self._cursor is None or (self._state == _EXCLUDED and state != _EXCLUDED):
             return  # a collective inside an excluded interval (a save's barrier) is excluded with it
-        self._suspended.append(self._state)
+        if self._state in (_AFTER_BACKWARD, _AFTER_OPTIMIZER):
+            # Not resolved yet (a GAN's second forward, paused by a save or a barrier, is still forward):
+            # hold the time so far, and give it with the rest to the phase the ending mark resolves to.
+            now = self._mark()
+            self._suspended.append((self._state, self._cursor, now, self._own_open))
+            self._cursor, self._state, self._own_open = now, state, 0.0
+            if self.listener is not None:
+                self.listener(_STATE_PHASE[state])
+            return
+        self._suspended.append((self._state, None, None, 0.0))
         self._switch(_M_OTHER, state)
 
     def _resume(self, state: int) -> None:
         if self._state == state and self._suspended:
-            self._switch(_M_OTHER, self._suspended.pop())
+            back, held_start, held_end, held_own = self._suspended.pop()
+            now = self._switch(_M_OTHER, back)
+            if held_start is None:
+                return
+            if self._intervals is None:
+                self._cursor = now - (held_end - held_start)  # the held time, as if the pause had not been
+                self._own_open = held_own
+            else:
+                self._held.append((held_start, held_end))
 
     def close_step(
         self, step: int, epoch: int, peak_mem_bytes: int | None = None, comm: list[Any] | None = None
@@ -359,6 +416,7 @@ class StepClock:
                     self.checkpoint,
                     comm or None,
                     self.noise,
+                    self._own_s if self._immediate else None,
                 )
             )
         self._reset_step()
@@ -389,13 +447,15 @@ class StepClock:
             self._release(p)
         data, forward, backward, optimizer, sync, other = phases_ms
         loss, grad_norm = p.loss, p.grad_norm
+        own_ms = p.own_s * 1000.0 if p.own_s else 0.0
         # Raw floats: the writer rounds the few records it encodes; rounding every step here is wasted.
         record = {
             "step": p.step,
             "epoch": p.epoch,
             "t_end": self._unix0 + (p.end_perf_s - self._perf0),
-            # The phases tile the step, less any interval the caller excluded (a checkpoint save).
-            "wall_ms": data + forward + backward + optimizer + sync + other,
+            # The phases and tuneup's own time tile the step, less any interval the caller excluded (a
+            # checkpoint save).
+            "wall_ms": data + forward + backward + optimizer + sync + other + own_ms,
             "data_ms": data,
             "forward_ms": forward,
             "backward_ms": backward,
@@ -411,6 +471,8 @@ class StepClock:
             else to_float(grad_norm),
             "peak_mem_bytes": p.peak_mem_bytes,
         }
+        if p.own_s is not None:
+            record["tuneup_ms"] = own_ms
         if p.checkpoint:
             record["checkpoint"] = True
         comm_sq = None

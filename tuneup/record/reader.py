@@ -451,6 +451,7 @@ _NON_NEGATIVE_STEP_FIELDS = (
     "gns_small_batch",
     "gns_big_batch",
     "comm_node_bytes",
+    "tuneup_ms",
 )
 
 
@@ -496,6 +497,7 @@ _STEP_FIELDS = (
     "gns_small_batch",
     "gns_big_batch",
     "comm_node_bytes",
+    "tuneup_ms",
 )
 if tuple(f.name for f in fields(StepRecord)) != _STEP_FIELDS:
     raise ImportError("tuneup.record.reader: _STEP_FIELDS must list StepRecord's fields in their order")
@@ -531,6 +533,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         small_batch,
         big_batch,
         node_bytes,
+        own,
     ) = map(obj.get, _STEP_FIELDS)
     if not (
         type(step) is int
@@ -538,7 +541,20 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         and _NUMBER_OR_NULL.issuperset(
             map(
                 type,
-                (epoch, samples, tokens, loss, grad_norm, peak, comm, exposed, comm_bytes, comm_count, sync),
+                (
+                    epoch,
+                    samples,
+                    tokens,
+                    loss,
+                    grad_norm,
+                    peak,
+                    comm,
+                    exposed,
+                    comm_bytes,
+                    comm_count,
+                    sync,
+                    own,
+                ),
             )
         )
         and (small_sq is None or _gns_valid(small_sq, big_sq, small_batch, big_batch))
@@ -552,6 +568,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         and (comm_bytes is None or comm_bytes >= 0)
         and (comm_count is None or comm_count >= 0)
         and (node_bytes is None or (type(node_bytes) is int and node_bytes >= 0))
+        and (own is None or own >= 0)
     ):
         return _checked_step(obj)
     return StepRecord(
@@ -581,6 +598,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         None if small_sq is None else int(small_batch),
         None if small_sq is None else int(big_batch),
         node_bytes,
+        None if own is None else float(own),
     )
 
 
@@ -628,6 +646,7 @@ def _checked_step(obj: dict[str, Any]) -> StepRecord:
         gns_small_batch=_opt_int(obj, "gns_small_batch"),
         gns_big_batch=_opt_int(obj, "gns_big_batch"),
         comm_node_bytes=_opt_int(obj, "comm_node_bytes"),
+        tuneup_ms=_opt_num(obj, "tuneup_ms"),
     )
     return _non_negative(record, _NON_NEGATIVE_STEP_FIELDS)
 

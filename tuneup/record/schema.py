@@ -50,9 +50,10 @@ STOP_USER_INTERRUPT = "user_interrupt"
 # Collective kinds, named as torch.distributed names the operations.
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
-# Phases of a training step (tuneup.collect.step_clock defines each). They tile the step:
-# wall = data + forward + backward + optimizer + sync + other. Records written before `sync` was timed
-# have it 0, inside other.
+# Phases of a training step (tuneup.collect.step_clock defines each). They tile the step with tuneup's own
+# time: wall = data + forward + backward + optimizer + sync + other + tuneup_ms. Records written before
+# `sync` was timed have it 0, inside other; records without `tuneup_ms` (written before it was timed, or
+# timed on a device) hold tuneup's own time inside the phases.
 PHASES = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "sync_ms", "other_ms")
 
 # Every per-step metric that windows aggregate.
@@ -125,6 +126,9 @@ class StepRecord:
     # Of comm_bytes, those sent among the ranks of one node only (a hierarchical strategy's intra-node
     # collectives, tuneup.sync); absent when no collective said which ranks it spanned.
     comm_node_bytes: int | None = None
+    # tuneup's own time in the step, out of its phases (its hooks' bookkeeping, the gradient noise scale's
+    # norms; tuneup.collect.step_clock). None: not timed apart (an older record, or a device timer).
+    tuneup_ms: float | None = None
 
 
 @dataclass(slots=True)

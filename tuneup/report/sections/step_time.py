@@ -43,6 +43,9 @@ MAX_BARS = 32
 _SPREAD = (("fastest", 0.0), ("p5", 0.05), ("median", 0.5), ("p95", 0.95), ("slowest", 1.0))
 
 NOISY = "noisy: slow steps pull the mean above the median"
+# tuneup's own time in the step (its hooks, the noise scale's norms), where the record keeps it apart from
+# the user's phases.
+_LABELS = {"tuneup": "tuneup's own"}
 
 
 def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
@@ -82,13 +85,20 @@ def _phase_table(st: StepTime) -> list[Block]:
     whole = share(1.0) if is_number(st.mean_ms) else MISSING
     noisy = [name for name, p in st.phases.items() if p.noisy]
     if not noisy and not st.noisy:
-        rows = [(name, ms(p.ms), share(p.share)) for name, p in st.phases.items()]
+        rows = [(_LABELS.get(name, name), ms(p.ms), share(p.share)) for name, p in st.phases.items()]
         rows.append(("whole step", ms(st.mean_ms), whole))
         return [
             table("All ranks: mean per step", ("Phase", "Time", "Share of step"), rows, (1, 2), total=True)
         ]
     rows = [
-        (name, ms(p.ms), share(p.share), ms(p.median_ms), ms(p.p95_ms), NOISY if p.noisy else "")
+        (
+            _LABELS.get(name, name),
+            ms(p.ms),
+            share(p.share),
+            ms(p.median_ms),
+            ms(p.p95_ms),
+            NOISY if p.noisy else "",
+        )
         for name, p in st.phases.items()
     ]
     rows.append(
