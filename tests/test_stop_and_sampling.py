@@ -272,3 +272,19 @@ def test_html_turns_code_spans_into_code_and_lets_long_reasons_wrap() -> None:
     assert re.search(r"\.scroll td\.long \{[^}]*white-space: normal", css)
     assert "overflow-wrap: anywhere" not in css  # which broke words mid-word
     assert re.search(r"code \.tick \{ display: none; \}", css)
+
+
+def test_the_callback_names_why_a_fit_that_raised_ended() -> None:
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from tuneup.plugins.lightning.introspect import exception_stop_reason
+
+    class Trainer:
+        received_sigterm = False
+
+    trainer = Trainer()
+    assert exception_stop_reason(trainer, KeyboardInterrupt()) == "user_interrupt"
+    assert exception_stop_reason(trainer, SIGTERMException()) == "sigterm"  # Lightning's, at the next step
+    assert exception_stop_reason(trainer, RuntimeError("node lost")) == "exception"
+    trainer.received_sigterm = True  # an exception raised after the signal arrived: the signal is why
+    assert exception_stop_reason(trainer, RuntimeError("broken pipe")) == "sigterm"
