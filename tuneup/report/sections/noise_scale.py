@@ -16,6 +16,7 @@ from tuneup.report.plotting import figure as new_figure
 ID = "noise-scale"
 TITLE = "Gradient noise scale"
 
+
 def b_simple_text(ns: NoiseScale) -> str:
     """The headline, in words: a number with its interval, or why there is none."""
     if not is_number(ns.b_simple):
