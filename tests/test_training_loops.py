@@ -5,6 +5,8 @@ stepped the optimizers), in real Lightning fits on CPU."""
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from workloads.loops import (
     make_loader,
     make_module,
     make_trainer,
+    pauses_outside_steps,
 )
 
 STEPS = 24
@@ -49,12 +52,21 @@ def _batch_clock(namespace: str) -> Any:
     return BatchClock()
 
 
-def _fit(namespace: str, kind: str, out: Path, delays: Delays = DELAYS) -> tuple[Path, Any]:
+def _fit(
+    namespace: str, kind: str, out: Path, delays: Delays = DELAYS, control: bool = False
+) -> tuple[Path, Any]:
+    """A fit of the loop; `control`: its delays are pauses outside the training steps (workloads.loops), so
+    that its steps hold the loop's own work only, run as cold as in the delayed loop."""
     clock = _batch_clock(namespace)
     clear_injected()
     cb = TuneupCallback(dirpath=out, telemetry_interval_s=0.5, count_flops=False)
     trainer = make_trainer(namespace, kind, [cb, clock], STEPS, str(out.parent))
-    trainer.fit(make_module(namespace, kind, delays), make_loader(delays))
+    module, loader = make_module(namespace, kind, delays), make_loader(delays)
+    if control:
+        with pauses_outside_steps(lambda: cb._clock.exclude_start(), lambda: cb._clock.exclude_end()):
+            trainer.fit(module, loader)
+    else:
+        trainer.fit(module, loader)
     assert cb.run_dir is not None
     return cb.run_dir, clock
 
@@ -67,23 +79,11 @@ def _phase_medians(run_dir: Path) -> dict[str, float]:
     }
 
 
-@pytest.mark.parametrize(
-    "namespace,kind",
-    [("lightning", k) for k in KINDS] + [("pytorch_lightning", "gan")],
-)
-def test_injected_delays_come_back_in_their_phase(namespace: str, kind: str, tmp_path: Path) -> None:
-    # The loop's own work per phase, without delays, just before: on a loaded machine it is not small, and
-    # it is not the delay under test.
-    own = _phase_medians(_fit(namespace, kind, tmp_path / "bare", Delays(0, 0, 0, 0))[0])
-    run_dir, clock = _fit(namespace, kind, tmp_path / "run")
-    run = load_run(run_dir)
-    steps = run.steps(0)
-    assert [s.step for s in steps] == list(range(STEPS))  # consecutive, one per training step
-    steady = steps[2:]
+def _assert_delays_come_back(kind: str, steady: list[Any], own: dict[str, float]) -> None:
     for phase, calls in calls_per_step(kind).items():
         # Per step: what the step's phase took, less the delays injected into it within the step's window
-        # (as they really took, preemptions included), is the loop's own work; it must match the bare
-        # loop's, so that the delay comes back whole in its phase: within 10% of the delay, or 2 ms.
+        # (as they really took, preemptions included), is the loop's own work; it must match the control's,
+        # so that the delay comes back whole in its phase: within 10% of the delay, or 2 ms.
         injected = [injected_in(phase, s.t_end - s.wall_ms / 1000.0, s.t_end) for s in steady]
         assert statistics.median(injected) > 0.9 * calls * getattr(DELAYS, f"{phase}_ms"), (phase, injected)
         left = statistics.median(getattr(s, f"{phase}_ms") - i for s, i in zip(steady, injected, strict=True))
@@ -95,8 +95,28 @@ def test_injected_delays_come_back_in_their_phase(namespace: str, kind: str, tmp
             statistics.median(injected),
         )
     for s in steady:
+        # The step is the user's phases and tuneup's own time (its hooks, timed apart).
         named = s.data_ms + s.forward_ms + s.backward_ms + s.optimizer_ms + s.sync_ms + s.other_ms
-        assert named == pytest.approx(s.wall_ms, abs=0.01)
+        assert s.tuneup_ms is not None and s.tuneup_ms > 0
+        assert named + s.tuneup_ms == pytest.approx(s.wall_ms, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    "namespace,kind",
+    [("lightning", k) for k in KINDS] + [("pytorch_lightning", "gan")],
+)
+def test_injected_delays_come_back_in_their_phase(namespace: str, kind: str, tmp_path: Path) -> None:
+    # The loop's own work per phase, in a control run just before: on a loaded machine it is not small, and
+    # it is not the delay under test. The control pauses where the delays are, outside its steps: the code
+    # after a pause runs slower than back to back (workloads.loops), and a control without the pauses
+    # measured forward 1.3-1.9 ms below the delayed loop's own time on a 2-core VM, with or without tuneup.
+    own = _phase_medians(_fit(namespace, kind, tmp_path / "control", control=True)[0])
+    run_dir, clock = _fit(namespace, kind, tmp_path / "run")
+    run = load_run(run_dir)
+    steps = run.steps(0)
+    assert [s.step for s in steps] == list(range(STEPS))  # consecutive, one per training step
+    steady = steps[2:]
+    _assert_delays_come_back(kind, steady, own)
     # Nothing of the injected work is left unnamed: "other" is the trainer's own bookkeeping, a few per cent
     # of the typical step (a single step can still catch a preemption or a collection there).
     other_share = statistics.median(s.other_ms / s.wall_ms for s in steady)
@@ -120,6 +140,54 @@ def test_injected_delays_come_back_in_their_phase(namespace: str, kind: str, tmp
     assert analysis.cost.run_ended and projection.steps_remaining == 1000
     assert projection.time_s == pytest.approx(1000 / own_rate * overhead, rel=0.15)
     assert [t for t in (p.target for p in analysis.cost.projections) if t.startswith("max_steps")] == []
+
+
+def test_delays_come_back_over_a_control_while_another_process_takes_a_cpu(tmp_path: Path) -> None:
+    # The held-out check of issue 25: delays in forward, backward and optimizer of a manual loop with two
+    # optimizers come back within 10% or 2 ms over a control of the same loop whose steps hold no delay
+    # (it pauses outside them, as the test above says why), on a machine where another CPU-bound process
+    # runs (started and ended here).
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        own = _phase_medians(_fit("lightning", "gan", tmp_path / "control", control=True)[0])
+        run_dir, _ = _fit("lightning", "gan", tmp_path / "run")
+    finally:
+        hog.kill()
+        hog.wait(timeout=30)
+    steps = load_run(run_dir).steps(0)
+    assert [s.step for s in steps] == list(range(STEPS))
+    _assert_delays_come_back("gan", steps[2:], own)
+
+
+NORM_MS = 4.0
+
+
+def test_the_noise_scale_norms_are_tuneups_own_time_not_the_users_phases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One process with gradient accumulation takes two gradient norms per step (after the first
+    # micro-batch's backward, before the optimizer step). Made slow here, they must show as the step's
+    # tuneup_ms, and no user phase may hold them.
+    from tuneup.collect import grad_noise
+
+    norm = grad_noise.grads_squared_norm
+
+    def slow_norm(parameters: Any) -> Any:
+        end = time.perf_counter() + NORM_MS / 1000.0
+        while time.perf_counter() < end:
+            pass
+        return norm(parameters)
+
+    monkeypatch.setattr(grad_noise, "grads_squared_norm", slow_norm)
+    clear_injected()
+    cb = TuneupCallback(dirpath=tmp_path / "run", count_flops=False, noise_scale_every=1)
+    trainer = make_trainer("lightning", "automatic", [cb], STEPS, str(tmp_path))
+    trainer.fit(make_module("lightning", "automatic", Delays(0, 0, 0, 0)), make_loader(Delays(0, 0, 0, 0)))
+    steady = load_run(cb.run_dir).steps(0)[2:]
+    assert all(s.gns_small_sq is not None for s in steady)  # every step took its norms
+    assert statistics.median(s.tuneup_ms or 0.0 for s in steady) >= 2 * NORM_MS
+    for phase in ("forward", "backward", "optimizer", "other"):
+        assert statistics.median(getattr(s, f"{phase}_ms") for s in steady) < NORM_MS, phase
 
 
 def test_a_gan_run_reports_one_step_per_batch_and_projects_max_steps_in_batches(tmp_path: Path) -> None:

@@ -11,12 +11,21 @@ Delays: `data_ms` in the collate function (every batch), `forward_ms` in each fo
 optimizer step (an SGD that sleeps). Each delay is busy-waited and recorded as it really took, with when
 it ended (INJECTED, SLEPT_MS; `clear_injected()` before a fit), so that a test can sum the delays that fell
 inside each training step's time window.
+
+A control run of the same loop pauses where the delays are, outside the training steps
+(`pauses_outside_steps`): on a machine shared with other work, the code that runs after a few milliseconds
+of anything else runs several times slower than in a tight loop (its caches are cold: measured on a 2-core
+VM, a small forward and backward took 0.6 ms after a 6 ms pause against 0.1 ms back to back, with or
+without tuneup). A control without the pauses would not pay that, and the difference, real time of the
+loop's own code in the delayed run, would read as a delay that did not come back whole.
 """
 
 from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +72,22 @@ def injected_in(phase: str, start_unix: float, end_unix: float) -> float:
     return sum(ms for p, t, ms in INJECTED if p == phase and start_unix <= t <= end_unix)
 
 
+# Set by `pauses_outside_steps`: called before and after each step phase's delay, which then is a pause
+# that belongs to no step (the step clock's excluded time) and is not recorded as injected.
+_PAUSE_MARKS: list[tuple[Callable[[], None], Callable[[], None]]] = []
+_STEP_PHASES = ("data", "forward", "backward", "optimizer")
+
+
+@contextmanager
+def pauses_outside_steps(start: Callable[[], None], end: Callable[[], None]) -> Iterator[None]:
+    """Within it, each step phase's delay runs between `start()` and `end()` (the step clock's exclusion)."""
+    _PAUSE_MARKS.append((start, end))
+    try:
+        yield
+    finally:
+        _PAUSE_MARKS.remove((start, end))
+
+
 def clear_injected() -> None:
     INJECTED.clear()
     for slept in SLEPT_MS.values():
@@ -73,11 +98,17 @@ def _sleep_ms(ms: float, phase: str) -> None:
     # A busy wait, not time.sleep: a core that sleeps wakes up cold (lower clock, cold caches), and the
     # code after the sleep then runs slower, which would be counted against tuneup's accuracy.
     if ms > 0:
+        marks = _PAUSE_MARKS[-1] if _PAUSE_MARKS and phase in _STEP_PHASES else None
+        if marks is not None:
+            marks[0]()
         start = time.perf_counter()
         end = start + ms / 1000.0
         while time.perf_counter() < end:
             pass
         took_ms = (time.perf_counter() - start) * 1000.0
+        if marks is not None:
+            marks[1]()
+            return
         SLEPT_MS[phase].append(took_ms)
         INJECTED.append((phase, time.time(), took_ms))
 
