@@ -48,6 +48,7 @@ CLOCK_MARKS = (
     "sync_start",
     "sync_end",
     "close_step",
+    "own_since",  # the hooks' own time handed back, out of the user's phases
 )
 CALLBACK_HOOKS = (
     "on_train_batch_start",
