@@ -141,8 +141,9 @@ def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) 
                 p95_ms=finite(p.p95_step_ms),  # type: ignore[arg-type]
                 phase_median_ms={k.removesuffix("_ms"): finite(v) for k, v in p.phase_median_ms.items()},  # type: ignore[misc]
                 phase_mean_ms={
-                    k.removesuffix("_ms"): finite(_mean([getattr(s, k) for s in steady[p.rank]]))  # type: ignore[misc]
-                    for k in PHASES
+                    k.removesuffix("_ms"): finite(_mean([getattr(s, k) or 0.0 for s in steady[p.rank]]))  # type: ignore[misc]
+                    for k in (*PHASES, "tuneup_ms")
+                    if k != "tuneup_ms" or "tuneup" in phases
                 },
                 distribution_ms=quantiles(s.wall_ms for s in steady[p.rank]),
             )

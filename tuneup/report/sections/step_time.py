@@ -74,7 +74,10 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
             rank_rows.append((text(r.rank), *(ms(v) for v in values), ms(total)))
         out.append(
             table(
-                "Per rank: mean per step", ("Rank", *names, "whole step"), rank_rows, range(1, len(names) + 2)
+                "Per rank: mean per step",
+                ("Rank", *(_LABELS.get(n, n) for n in names), "whole step"),
+                rank_rows,
+                range(1, len(names) + 2),
             )
         )
     return out + figures(ID, plots)
