@@ -198,6 +198,9 @@ class StepClock:
         self.on_resolved = on_resolved
         self.max_pending = max_pending
         self._immediate = bool(getattr(timer, "immediate", False))
+        # The host timer's marks are perf_counter readings: a hook's own entry reading can be its mark, and
+        # its own time can be taken out of the phases (`own_since`). Not so for another timer's marks.
+        self._host = type(timer) is HostTimer
         # The host timer's mark is perf_counter itself: one call less per mark.
         self._mark: Callable[[], Any] = time.perf_counter if type(timer) is HostTimer else timer.mark
         self._pending: deque[tuple[Any, ...]] = deque()  # PendingStep fields, in order
@@ -240,7 +243,7 @@ class StepClock:
         """Close the open interval (giving it to the phase its state and `ending` mark resolve to), start
         one in `state`; returns the mark taken. `at`: a host clock reading to use as the mark (the caller's
         hook entry), for the host timer; the deferred timer takes its own."""
-        now = at if at is not None and self._immediate else self._mark()
+        now = at if at is not None and self._host else self._mark()
         cursor = self._cursor
         if cursor is not None:
             slot = _SLOT_OF[self._state][ending]
@@ -273,13 +276,13 @@ class StepClock:
     def own_since(self, started: float) -> None:
         """tuneup's own work ran from `started` (a host clock reading, at or after the last mark) until now:
         it is the step's `tuneup_ms`, not part of the phase it fell in. Host timer only (see the module)."""
-        if self._immediate and self._cursor is not None:
+        if self._host and self._cursor is not None:
             self._own_open += time.perf_counter() - started
 
     def add_own(self, seconds: float) -> None:
         """tuneup's own work, timed by the caller, took `seconds` of the open interval (the DDP hook's norms
         inside a backward, on the training thread). Host timer only."""
-        if self._immediate and self._cursor is not None and seconds > 0:
+        if self._host and self._cursor is not None and seconds > 0:
             self._own_open += seconds
 
     # -- marks, in hook order ----------------------------------------------------------------------
@@ -416,7 +419,7 @@ class StepClock:
                     self.checkpoint,
                     comm or None,
                     self.noise,
-                    self._own_s if self._immediate else None,
+                    self._own_s if self._host else None,
                 )
             )
         self._reset_step()
