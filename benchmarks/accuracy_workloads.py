@@ -97,7 +97,7 @@ WORKLOADS: dict[str, Workload] = {
     ),
     "local-sgd": Workload(
         "embedding model already on TuneupDDPStrategy(local_sgd_period=4), 2 gloo ranks, batch 16",
-        "embed", devices=2, batch=16, vocab=50_000, width=128, local_sgd=4, steps=80,
+        "embed", devices=2, batch=16, vocab=50_000, width=128, local_sgd=4, steps=150,
     ),
 }  # fmt: skip
 
