@@ -76,6 +76,7 @@ class Arm:
     point_error: float | None = None
     applied_as: dict[str, Any] | None = None  # what the applied run recorded (batch, accumulation, ...)
     breakdown: dict[str, Any] | None = None  # predicted terms against the applied run's phases
+    two_run_fit_error: float | None = None  # the model fitted to the baseline and this run, on its own runs
 
 
 def base_knobs(w: Workload) -> dict[str, Any]:
@@ -233,6 +234,21 @@ def _observed(a: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _two_run_fit_error(base: Any, applied: Any) -> float | None:
+    """The largest relative error of the step-time model fitted to both runs, on those runs (issue 25: the
+    two-run fit should give back its own input runs)."""
+    if applied is None:
+        return None
+    from tuneup.advise import AdviceOptions, advise
+
+    try:
+        model = advise([base, applied], AdviceOptions(whatif=False)).model
+    except Exception as exc:  # a fit that refuses the pair is a finding, not a crash of the benchmark
+        print(f"   two-run advice failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    return model.fit_error if model is not None else None
+
+
 def run_workload(name: str, out: Path, pairs: int) -> dict[str, Any]:
     w = WORKLOADS[name]
     wdir = out / name
@@ -316,6 +332,7 @@ def run_workload(name: str, out: Path, pairs: int) -> dict[str, Any]:
             rec = next(r for r in advice["recommendations"] if r["title"] == arm.title)
             predicted_terms = (rec.get("predicted") or {}).get("breakdown_ms")
             current_terms = (rec.get("current") or {}).get("breakdown_ms")
+            arm.two_run_fit_error = _two_run_fit_error(base_analysis, analyses.get(arm.name))
             arm.breakdown = {
                 "current_predicted": current_terms,
                 "predicted": predicted_terms,
@@ -438,6 +455,7 @@ def print_misses(results: list[dict[str, Any]]) -> None:
                 f"\nMISS {r['workload']}: {a['title']}: predicted {a['predicted']}, measured {_pct(a['measured'])}"
             )
             b = a["breakdown"] or {}
+            print(f"   two-run fit's largest error on its own runs: {a.get('two_run_fit_error')}")
             for key in ("current_predicted", "base_observed", "predicted", "applied_observed"):
                 print(f"   {key:18} {b.get(key)}")
         for a in r["arms"]:
