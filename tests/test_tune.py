@@ -20,7 +20,7 @@ from tuneup.advise.observe import Observation
 from tuneup.tune.objective import Objective, ObjectiveError
 from tuneup.tune.protocol import StopRule, TrialSpec, TrialSpecError, measured_enough, relative_half_width
 from tuneup.tune.runner import Limits, run_supervised
-from tuneup.tune.script import cli_script, detect_kind
+from tuneup.tune.script import ScriptError, cli_script, detect_kind, parse_printed_config, read_cli_config
 from tuneup.tune.search import Search, excluded
 from tuneup.tune.space import Config, SearchSpace, SpaceError
 from tuneup.tune.state import FAILED, INFEASIBLE, OK, Trial, TuneState, load_state, save_state
@@ -261,6 +261,41 @@ def test_script_kind_is_read_from_the_source(tmp_path: Path) -> None:
     assert detect_kind(["python", str(cli), "fit"]) == "cli"
     assert detect_kind(["python", str(plain)]) == "callback"
     assert detect_kind(["torchrun", "--nproc-per-node=2", str(cli)]) == "cli"
+
+
+_LOGO = "\n\x1b[0;35m\n                    ####\n##############################################\n#####  ####\n\x1b[0m\n\n"
+_CONFIG = "# pytorch_lightning==2.6.6\nseed_everything: 1234\ntrainer:\n  accelerator: cpu\ndata:\n  batch_size: 32\n"
+
+
+def test_a_lightningcli_config_is_read_after_a_logo_printed_before_it(tmp_path: Path) -> None:
+    """Lightning's own examples call cli_lightning_logo() before LightningCLI(...): --print_config prints an
+    ASCII logo (with colour codes) and then the YAML. It was refused as 'no LightningCLI configuration', with
+    the advice to pass --script-kind callback."""
+    script = tmp_path / "cli_example.py"
+    script.write_text(
+        "# a LightningCLI script\nimport sys\n"
+        f"assert sys.argv[-1] == '--print_config'\nprint({_LOGO!r})\nprint({_CONFIG!r})\n"
+    )
+    config = read_cli_config([sys.executable, str(script)], os.environ)
+    assert config["seed_everything"] == 1234
+    assert cli_script(["x.py"], config).overrides["batch_size"] == "data.batch_size"
+    assert parse_printed_config(_CONFIG) == {
+        "seed_everything": 1234,
+        "trainer": {"accelerator": "cpu"},
+        "data": {"batch_size": 32},
+    }
+    assert parse_printed_config(_LOGO) is None
+
+
+def test_a_script_that_prints_no_config_is_told_what_was_missing(tmp_path: Path) -> None:
+    script = tmp_path / "not_cli.py"
+    script.write_text("print('hello: world')\n")
+    with pytest.raises(ScriptError, match="no YAML mapping with a 'trainer' section"):
+        read_cli_config([sys.executable, str(script)], os.environ)
+    failing = tmp_path / "failing.py"
+    failing.write_text("raise SystemExit('unrecognized arguments: --print_config')\n")
+    with pytest.raises(ScriptError, match=r"--print_config failed \(exit 1: unrecognized arguments"):
+        read_cli_config([sys.executable, str(failing)], os.environ)
 
 
 # -- the state -------------------------------------------------------------------------------------------

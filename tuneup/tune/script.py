@@ -19,6 +19,7 @@ ignore it and train.
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -108,15 +109,41 @@ def _find_key(flat: Mapping[str, Any], sections: tuple[str, ...], name: str) -> 
     return None
 
 
+_TOP_LEVEL_KEY = re.compile(r"^[A-Za-z_][\w.-]*:(\s|$)")
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def parse_printed_config(stdout: str) -> dict[str, Any] | None:
+    """The LightningCLI configuration in what `--print_config` printed, or None.
+
+    Lightning's examples call `cli_lightning_logo()` before `LightningCLI(...)`, so the YAML may follow an
+    ASCII logo (with terminal colour codes) or anything else the script prints first. The configuration is
+    the YAML from the first top-level key (`trainer:`, `seed_everything:`, ...) on: each line that starts one
+    is tried in turn until the rest parses as a mapping with a `trainer` section."""
+    import yaml
+
+    lines = stdout.splitlines()
+    starts = [0] + [i for i, line in enumerate(lines) if i > 0 and _TOP_LEVEL_KEY.match(line)]
+    for start in starts:
+        try:
+            config = yaml.safe_load("\n".join(lines[start:]))
+        except yaml.YAMLError:
+            continue
+        if isinstance(config, Mapping) and "trainer" in config:
+            return dict(config)
+    return None
+
+
 def read_cli_config(argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
     """The script's resolved configuration, from `--print_config` (parsed as YAML)."""
-    try:
-        import yaml
-    except ImportError:
+    if importlib.util.find_spec("yaml") is None:
         raise ScriptError(
             "reading a LightningCLI script's configuration needs PyYAML (jsonargparse installs it): "
             "pip install pyyaml, or pass --script-kind callback"
-        ) from None
+        )
     try:
         proc = subprocess.run(
             [*argv, "--print_config"],
@@ -133,15 +160,18 @@ def read_cli_config(argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
             f"{' '.join(argv)} --print_config did not finish in {PRINT_CONFIG_TIMEOUT_S:.0f} s; "
             "pass --script-kind callback to tune it through TuneupCallback instead"
         ) from None
-    try:
-        config = yaml.safe_load(proc.stdout) if proc.returncode == 0 else None
-    except yaml.YAMLError:
-        config = None
-    if not isinstance(config, Mapping) or "trainer" not in config:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+    if proc.returncode != 0:
         raise ScriptError(
-            f"{' '.join(argv)} --print_config printed no LightningCLI configuration (exit {proc.returncode}: "
-            f"{tail}); if the script is not a LightningCLI one, pass --script-kind callback"
+            f"{' '.join(argv)} --print_config failed (exit {proc.returncode}: {_tail(proc.stderr or proc.stdout)}); "
+            "fix the command so that it runs with --print_config appended"
+        )
+    config = parse_printed_config(proc.stdout)
+    if config is None:
+        raise ScriptError(
+            f"{' '.join(argv)} --print_config exited 0 but printed no YAML mapping with a 'trainer' section "
+            f"(its last lines: {_tail(proc.stdout)}); a LightningCLI script prints one (after anything it prints "
+            "first, such as cli_lightning_logo()); if the script only mentions LightningCLI and is not one, "
+            "pass --script-kind callback"
         )
     return dict(config)
 
