@@ -452,12 +452,26 @@ def test_markdown_puts_findings_first(reports: dict[str, dict[str, Any]], plots:
     assert summary.lstrip().startswith("- ⚠️")
 
 
+def test_markdown_keeps_code_spans_as_code_and_escapes_the_rest() -> None:
+    """report.md showed `compare the runs with \\`tuneup compare\\``: escaped backticks render as literal
+    backticks on GitHub. A span is code, as in the HTML; one whose inside could act is escaped whole."""
+    assert _md("compare the runs with `tuneup compare`") == "compare the runs with `tuneup compare`"
+    assert (
+        _md("run `tuneup advise --measure -- COMMAND` *now*")
+        == r"run `tuneup advise --measure -- COMMAND` \*now\*"
+    )
+    assert _md("`DataLoader(num_workers=1)` and `a_b_`") == "`DataLoader(num_workers=1)` and `a_b_`"
+    assert _md("`<script>alert(1)</script>`") == r"\`&lt;script&gt;alert(1)&lt;/script&gt;\`"
+    assert _md("`a|b` | `$x`") == r"\`a\|b\` \| \`\$x\`"
+    assert _md("one ` alone") == r"one \` alone"
+
+
 def test_markdown_escape() -> None:
     assert _md("a|b") == r"a\|b"
     assert _md("line1\nline2\r\nline3") == "line1 line2 line3"
     assert _md("<img src=x onerror=alert(1)>") == "&lt;img src=x onerror=alert(1)&gt;"
     assert _md("[click](javascript:x)") == r"\[click\](javascript:x)"
-    assert _md("*bold* `code` ~~gone~~") == r"\*bold\* \`code\` \~\~gone\~\~"
+    assert _md("*bold* `code` ~~gone~~") == r"\*bold\* `code` \~\~gone\~\~"  # a code span stays code
     assert _md("OMP_NUM_THREADS") == "OMP_NUM_THREADS"  # intraword underscores cannot emphasise
     assert _md("_private_") == r"\_private\_"
 

@@ -5,7 +5,8 @@ made compact: findings lead the summary, long reference tables fold into <detail
 links to the PNG files written beside the .md.
 
 Every run-derived string goes through `_md`, which keeps it inside its table cell or list item and
-makes any markup in it inert: a host name cannot break a table, start a link, or inject HTML.
+makes any markup in it inert: a host name cannot break a table, start a link, or inject HTML. Only a
+`code` span stays one (as the HTML page shows it as code), and only when nothing inside it could act.
 """
 
 from __future__ import annotations
@@ -38,13 +39,30 @@ _ACTIVE = re.compile(r"([\\`*\[\]|~$])")
 _EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 
 
-def markdown_text(value: object) -> str:
-    """Plain text made safe for a table cell or list item: one line, no markup, no HTML."""
-    out = _NEWLINES.sub(" ", str(value))
+# Prose marks code as Markdown does, with backticks ("run `tuneup compare`"): one pair on one line, as the
+# HTML renderer reads it. A span is kept as code only when its inside needs no escaping to stay inert:
+# GitHub decodes no entity inside a code span (an escaped "<" would show as "&lt;"), and "$" or "|" there
+# would still be read as maths or a table's cell separator.
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+_NOT_IN_CODE = re.compile(r"[<>&$|\\]")
+
+
+def _escaped(text: str) -> str:
     # Entities, not backslashes, for HTML's characters: "\<script" would still contain "<script".
-    out = out.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    out = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     out = _ACTIVE.sub(r"\\\1", out)
     return _EDGE_UNDERSCORE.sub(r"\\_", out)
+
+
+def markdown_text(value: object) -> str:
+    """Plain text made safe for a table cell or list item: one line, no markup, no HTML, except `code` spans,
+    which stay code spans (with nothing inside them that could act)."""
+    parts = _CODE_SPAN.split(_NEWLINES.sub(" ", str(value)))
+    # split() alternates text and the spans' insides: odd places are code.
+    return "".join(
+        f"`{part}`" if i % 2 and not _NOT_IN_CODE.search(part) else _escaped(f"`{part}`" if i % 2 else part)
+        for i, part in enumerate(parts)
+    )
 
 
 _md = markdown_text  # the short name this module's renderers use
