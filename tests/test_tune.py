@@ -559,3 +559,21 @@ def test_the_gain_interval_holds_its_point_and_agrees_with_the_test() -> None:
         p = test.p_b_greater if gain > 0 else test.p_b_less
         if abs(p - (1 - GAIN_CONFIDENCE) / 2) > 1e-6:
             assert (low > 0 or high < 0) == (p < (1 - GAIN_CONFIDENCE) / 2)
+
+
+def test_trial_steps_means_the_same_in_tune_and_advise_measure() -> None:
+    """`advise --help` said 'most optimizer steps a trial runs', `tune --help` 'most training steps' (a batch
+    stepping two optimizers counted once): the same trial machinery, two definitions, 2x apart on a GAN."""
+    import argparse
+
+    from tuneup.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    helps = {
+        name: next(a.help for a in commands[name]._actions if "--trial-steps" in a.option_strings)
+        for name in ("tune", "advise")
+    }
+    defaults_cut = {name: text.split(" (default: ")[0] for name, text in helps.items()}
+    assert defaults_cut["tune"] == defaults_cut["advise"]
+    assert "a batch stepping two optimizers is one" in defaults_cut["advise"]

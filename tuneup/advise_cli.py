@@ -89,7 +89,7 @@ MEASURE_TRIALS = 3  # trials --measure may run, the baseline not counted: the tw
 
 
 def _add_measure_arguments(advise: argparse.ArgumentParser) -> None:
-    from tuneup.tune.protocol import StopRule
+    from tuneup.tune.protocol import TRIAL_STEPS_HELP, StopRule
     from tuneup.tune.runner import Limits
 
     stop, limits = StopRule(), Limits()
@@ -111,7 +111,7 @@ def _add_measure_arguments(advise: argparse.ArgumentParser) -> None:
         help=f"measuring trials, the baseline not counted (default: {MEASURE_TRIALS})",
     )
     for flag, help_text, default in (
-        ("--trial-steps", "most optimizer steps a trial runs", stop.max_steps),
+        ("--trial-steps", TRIAL_STEPS_HELP, stop.max_steps),
         ("--warmup-steps", "steps not timed", stop.warmup_steps),
         ("--min-steps", "fewest timed steps", stop.min_steps),
     ):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneup.tune.objective import OBJECTIVES
+from tuneup.tune.protocol import TRIAL_STEPS_HELP
 from tuneup.tune.space import COMM_HOOKS, KNOBS
 
 ACTION_HELP = (
@@ -117,8 +118,7 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
         metavar="N",
         type=int,
         default=200,
-        help="most training steps, each a batch (or an accumulation's batches) that stepped the optimizers; "
-        "a batch stepping two optimizers is one, where Lightning's max_steps counts two (default: %(default)s)",
+        help=f"{TRIAL_STEPS_HELP} (default: %(default)s)",
     )
     trial.add_argument(
         "--warmup-steps", metavar="N", type=int, default=10, help="steps not timed (default: %(default)s)"

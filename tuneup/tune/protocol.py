@@ -44,6 +44,15 @@ class TrialSpecError(ValueError):
     """A TUNEUP_TRIAL the callback cannot use: names what is wrong."""
 
 
+# What a trial's step limit counts, said in the same words by every command that runs trials (tune and
+# advise --measure): the trial callback counts the batches where trainer.global_step moved
+# (plugins/lightning/trial.py), not Lightning's max_steps, which counts each optimizer's step.
+TRIAL_STEPS_HELP = (
+    "most training steps a trial runs, each a batch (or an accumulation's batches) that stepped the "
+    "optimizers; a batch stepping two optimizers is one, where Lightning's max_steps counts two"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class StopRule:
     """When a trial has measured enough: after `warmup_steps`, once the mean steady step time is known to
