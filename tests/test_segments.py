@@ -153,7 +153,7 @@ def test_the_report_counts_the_interruption_and_the_work_it_cost(tmp_path: Path)
     section = report["interruptions"]
     assert section["interruptions"] == 1
     first, second = section["segments"]
-    assert first["status"] == ["exception"] and second["status"] == ["completed"]
+    assert first["status"] == ["failed (an exception)"] and second["status"] == ["completed"]
     assert (second["reason"], second["redone_steps"]) == ("resume", 3)  # steps 5, 6 and 7 ran twice
     assert second["redone_s"] == pytest.approx(3 * first["step_ms"] / 1000, rel=1e-3)
     assert second["downtime_before_s"] >= 0

@@ -193,6 +193,31 @@ def test_a_preemption_still_plans_checkpoints_with_no_zero_interval(tmp_path: Pa
     assert "the record lost 2.4 s of work to its interruptions" in line
 
 
+@pytest.mark.parametrize(
+    ("status", "stop_reason", "said"),
+    [
+        ("completed", "max_steps", "completed"),
+        ("interrupted", "user_interrupt", "stopped by the user (Ctrl-C)"),
+        ("interrupted", None, "stopped by the user (Ctrl-C)"),  # a record from before the stop reason
+        ("exception", "sigterm", "terminated (SIGTERM)"),  # Lightning raises its SIGTERMException
+        ("exception", "exception", "failed (an exception)"),
+    ],
+)
+def test_the_status_is_said_from_the_stop_reason_the_same_everywhere(
+    tmp_path: Path, status: str, stop_reason: str | None, said: str
+) -> None:
+    """A Ctrl-C run's report said 'Status: interrupted' beside 'a stop, not an interruption'; a SIGTERM run's
+    'Status: exception' and its segment 'exception' while show said 'received SIGTERM'."""
+    run_dir = _record(tmp_path / "run", [60.0] * 40, status=status, stop_reason=stop_reason)
+    analysis = analyze(run_dir)
+    assert analysis.run.status == {"0": said}
+    assert analysis.interruptions is not None
+    assert [seg.status for seg in analysis.interruptions.segments] == [[said]]
+    md = write_report(run_dir, tmp_path / "report", "md").path("md").read_text()  # type: ignore[union-attr]
+    assert f"- **Status**: {said} (rank 0)" in md
+    assert not re.search(r"Status\*\*: (interrupted|exception)\b", md)
+
+
 # -- torch.compile -----------------------------------------------------------------------------------
 
 

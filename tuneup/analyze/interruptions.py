@@ -20,6 +20,7 @@ import statistics
 
 from tuneup._stats import finite
 from tuneup.analyze.model import Interruptions, Segment
+from tuneup.analyze.run_info import STATUS_COMPLETED, rank_status
 from tuneup.analyze.steady import steady_steps
 from tuneup.analyze.timeline import rank_stop_reason, timed_events
 from tuneup.record.schema import STOP_USER_INTERRUPT, Run
@@ -81,12 +82,7 @@ def _segment(run: Run, step_ms: float | None) -> Segment:
     info = run.manifest.raw.get("segment") if isinstance(run.manifest.raw.get("segment"), dict) else {}
     steps = [s for rec in run.ranks.values() for s in rec.steps]
     starts = [rec.info.start_unix for rec in run.ranks.values() if rec.info.start_unix]
-    statuses = sorted(
-        {
-            str(rec.info.raw.get("status")) if rec.info.closed else "stopped without closing"
-            for rec in run.ranks.values()
-        }
-    )
+    statuses = sorted({rank_status(rec) for rec in run.ranks.values()})
     return Segment(
         index=int(info.get("index") or 0),
         reason=info.get("reason", "start"),
@@ -117,7 +113,7 @@ def _unsaved_s(run: Run, segment: Segment) -> float | None:
 
 
 def _completed(segment: Segment) -> bool:
-    return segment.status == ["completed"]
+    return segment.status == [STATUS_COMPLETED]
 
 
 def _after_interruption(before: Segment, after: Segment) -> Segment:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from tuneup._stats import finite
 from tuneup.analyze.model import Hardware, RunInfo, Warmup
 from tuneup.analyze.steady import DECAY_RATIO, PLATEAU_MIN_STEPS, WARMUP_FACTOR, WARMUP_MAX_SHARE
-from tuneup.analyze.timeline import fit_span
-from tuneup.record.schema import Run
+from tuneup.analyze.timeline import ENDED_REASONS, fit_span, rank_stop_reason
+from tuneup.record.schema import STOP_USER_INTERRUPT, RankRecord, Run
 
 # Spelled from steady.py's constants, so the rule the report states is the rule that ran.
 WARMUP_RULE = (
@@ -16,6 +16,32 @@ WARMUP_RULE = (
     f"slower than its second): a flat one is a plateau, of which only the steps above {WARMUP_FACTOR:g}x its "
     "level are warm-up, the rest kept in the figures as a slow period"
 )
+
+
+# How a rank's fit ended, in one vocabulary for the run section, the segments and `tuneup show`, from the
+# stop reason the record keeps (rank_stop_reason): the status the callback closed the record with says
+# only which hook closed it ("interrupted" for a KeyboardInterrupt, "exception" for any other, Lightning's
+# SIGTERM included), which contradicted the stop reason shown beside it.
+STATUS_COMPLETED = "completed"
+STATUS_NOT_CLOSED = "not closed"  # killed, or still running (findings.py warns of it)
+_STATUS_BY_REASON = {
+    STOP_USER_INTERRUPT: "stopped by the user (Ctrl-C)",
+    "sigterm": "terminated (SIGTERM)",
+    "exception": "failed (an exception)",
+}
+
+
+def rank_status(rec: RankRecord) -> str:
+    """How this rank's fit ended: completed, stopped by the user, terminated, failed, or not closed."""
+    if not rec.info.closed:
+        return STATUS_NOT_CLOSED
+    reason = rank_stop_reason(rec)
+    if reason in _STATUS_BY_REASON:
+        return _STATUS_BY_REASON[reason]
+    raw = rec.info.raw.get("status")
+    if reason in ENDED_REASONS or raw == STATUS_COMPLETED:
+        return STATUS_COMPLETED
+    return str(raw or "closed")
 
 
 def run_span(run: Run) -> tuple[float, float]:
@@ -77,10 +103,7 @@ def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
         duration_s=finite(t_end - t0),
         steps_recorded=max((len(rec.steps) for rec in run.ranks.values()), default=0),
         last_step=max((rec.steps[-1].step for rec in run.ranks.values() if rec.steps), default=None),
-        status={
-            str(r): rec.info.raw.get("status") or ("not closed" if not rec.info.closed else "closed")
-            for r, rec in sorted(run.ranks.items())
-        },
+        status={str(r): rank_status(rec) for r, rec in sorted(run.ranks.items())},
         data_timing=sorted(
             {
                 str(rec.info.raw.get("data_timing"))
