@@ -131,6 +131,33 @@ def test_a_sampled_stretch_that_is_slow_is_still_found_and_weighed_for_the_steps
     assert period.share_of_time == pytest.approx(expected_share, abs=0.05)
 
 
+def test_a_slow_period_ends_where_its_slow_steps_end_not_on_the_fast_sampled_steps_after_it(
+    tmp_path: Path,
+) -> None:
+    """`show` said 'Slow period: steps 981-1111' on a run slow over steps 987-999 only: the window's median
+    of the kept steps 1010 and 1111 (fast, 11.9 and 11.8 ms) reached back into the slow dense steps."""
+    slow = range(930, 1000)  # 70 steps at 140 ms: 9.8 s, a period by every bar
+    walls = [140.0 if step in slow else 12.0 for step in range(1300)]
+    walls = [w * (1 + random.Random(step).uniform(-0.03, 0.03)) for step, w in enumerate(walls)]
+    analysis = analyze(_record(tmp_path / "run", walls))
+    (period,) = analysis.step_time.slow_periods
+    assert (period.first_step, period.last_step) == (930, 999)
+    assert period.steps == len(slow)
+
+
+def test_a_slow_periods_share_of_the_time_counts_the_sampled_steps_by_the_clock(tmp_path: Path) -> None:
+    """Past the detail, a kept step stood for the 101 steps before it by its own time: on a heavy-tailed run
+    the kept steps averaged 8.7 ms where the clock (and the windows) said the steps took 40.5 ms, and a slow
+    period's share of the time came out inflated. Here the kept steps run 10 ms and the others 50 ms."""
+    walls = [100.0 if 900 <= step < 1000 else 10.0 for step in range(1000)]
+    walls += [10.0 if step % 101 == 0 else 50.0 for step in range(1000, 2100)]
+    analysis = analyze(_record(tmp_path / "run", walls))
+    (period,) = analysis.step_time.slow_periods
+    assert (period.first_step, period.last_step) == (900, 999)
+    steady_ms = sum(walls[1:])  # every step after the first is steady here
+    assert period.share_of_time == pytest.approx(100 * 100.0 / steady_ms, abs=0.02)
+
+
 def test_the_policy_keeps_a_prime_stride_that_favours_no_round_period() -> None:
     policy = RecordingPolicy(detail_steps=0, sample_every=100)
     kept = [s for s in range(0, 101 * 50 * 4) if policy.keeps(s, 10**6)]

@@ -10,8 +10,10 @@ then the median sits between the two levels and nothing would read as slow.
 
 Past the record's `detail_steps` only one step in a stride is kept (tuneup.record.writer.RecordingPolicy:
 a prime stride, so that the kept steps are not the periodic logging or validation steps, which run slower).
-Each kept step then stands for the steps since the one kept before it: the steady step time and a period's
-share of the time weigh it so, and a dense stretch is not measured against a sampled one by step count.
+Each kept step then stands for the steps since the one kept before it: the steady step time counts it that
+many times, a period's share of the time takes the clock's time for those steps (the kept step alone is one
+draw of a heavy-tailed distribution), and a dense stretch is not measured against a sampled one by step
+count.
 
 They are kept in the throughput and step-time figures on purpose: they are part of what the job delivered
 and was paid for, and a throughput that left them out would promise a speed the job did not have. The
@@ -99,6 +101,20 @@ def job_steps(steady: dict[int, list[StepRecord]]) -> list[JobStep]:
     return _weighted([JobStep(step, statistics.median(w), t) for step, (w, t) in sorted(by_step.items())])
 
 
+def _spent_ms(series: list[JobStep]) -> list[float]:
+    """What the steps each kept step stands for took: its own wall time where every step is kept; past the
+    record's detail, the clock from the step kept before it to its end, which every step between ran in.
+    A kept step's own time times its weight was no estimate of that on a heavy-tailed run: three kept steps
+    after step 1,000 averaged 8.7 ms where the clock (and the windows, which sum every step) said 40.5 ms,
+    so a sampled stretch's share of the time came out a fifth of what it was."""
+    out = []
+    for i, s in enumerate(series):
+        gap_ms = (s.t_end - series[i - 1].t_end) * 1000.0 if i else math.nan
+        sampled = s.weight > 1 and math.isfinite(gap_ms) and gap_ms > 0
+        out.append(max(gap_ms, s.wall_ms) if sampled else s.wall_ms * s.weight)
+    return out
+
+
 def _rolling_median(values: Sequence[float], width: int) -> list[float]:
     half = width // 2
     return [statistics.median(values[max(0, i - half) : i + half + 1]) for i in range(len(values))]
@@ -111,23 +127,38 @@ def slow_periods(steady: dict[int, list[StepRecord]]) -> list[SlowPeriod]:
         return []
     walls = [s.wall_ms for s in series]
     weights = [s.weight for s in series]
-    # What the steps took, each kept step counted for the steps it stands for.
-    spent_ms = [wall * weight for wall, weight in zip(walls, weights, strict=True)]
+    spent_ms = _spent_ms(series)
     total_ms = sum(spent_ms)
     baseline_ms = weighted_quantile(walls, weights, BASELINE_QUANTILE)
     if not (baseline_ms > 0 and math.isfinite(total_ms)):
         return []
     limit_ms = SLOW_FACTOR * baseline_ms
     smoothed = _rolling_median(walls, SLOW_WINDOW_STEPS)
+    # A step that stands for others (past detail_steps, one kept in a stride) is judged by itself: a window
+    # of them spans hundreds of steps, and one that reaches back into the dense steps made the fast steps
+    # 1010 and 1111 slow for the slow steps 987-999 beside them.
+    slow = [
+        wall > limit_ms if weight > 1 else median > limit_ms
+        for wall, weight, median in zip(walls, weights, smoothed, strict=True)
+    ]
     out: list[SlowPeriod] = []
-    i = 0
-    while i < len(series):
-        if smoothed[i] <= limit_ms:
-            i += 1
+    end = 0
+    while end < len(series):
+        if not slow[end]:
+            end += 1
             continue
-        j = i
-        while j < len(series) and smoothed[j] > limit_ms:
-            j += 1
+        start = end
+        while end < len(series) and slow[end]:
+            end += 1
+        # A period begins and ends on a step that was slow itself: the window's median carries a slow
+        # stretch's verdict a few steps past its edges.
+        i, j = start, end
+        while i < j and walls[i] <= limit_ms:
+            i += 1
+        while j > i and walls[j - 1] <= limit_ms:
+            j -= 1
+        if i == j:
+            continue
         first, last = series[i], series[j - 1]
         # Wall-clock, from the first step's start to the last one's end: past the record's detail_steps it
         # spans the steps that were run but not recorded, too.
@@ -150,5 +181,4 @@ def slow_periods(steady: dict[int, list[StepRecord]]) -> list[SlowPeriod]:
                     share_of_time=share,
                 )
             )
-        i = j
     return out
