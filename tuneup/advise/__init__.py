@@ -25,7 +25,7 @@ from tuneup.advise.model import MIN_GAIN, Advice, Recommendation
 from tuneup.advise.observe import AdviceInputError, observe
 from tuneup.advise.step_model import ModelError, fit_step_model
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
-from tuneup.analyze.noise_scale import noise_verdict
+from tuneup.analyze.noise_scale import NoiseVerdict, noise_verdict
 
 __all__ = ["Advice", "AdviceInputError", "AdviceOptions", "ModelError", "advise"]
 
@@ -43,17 +43,18 @@ class AdviceOptions:
     nodes: int | None = None  # the what-if's node count (default: 1)
 
 
-def _objective(analyses: Sequence[RunAnalysis]) -> tuple[str, float | None, str]:
+def _objective(analyses: Sequence[RunAnalysis]) -> tuple[str, NoiseVerdict | None, str]:
     """One objective for every recommendation and the what-if, named with why: goodput where a run of the
     workload measured the gradient noise scale (the first given that did: the same runs in another order
-    give the same objective), else samples/s. Returns (objective, B_simple, the note that says so)."""
+    give the same objective), else samples/s. Returns (objective, the verdict goodput weighs with, the note
+    that says so)."""
     verdicts = [noise_verdict(a.noise_scale, a.run) for a in analyses]
     for a, v in zip(analyses, verdicts, strict=True):
         if v.b_simple is not None:
             source = "" if a is analyses[0] else f" (run {a.run.run_id})"
             return (
                 "goodput",
-                v.b_simple,
+                v,
                 f"objective: goodput (samples/s weighed by statistical efficiency) for every figure, "
                 f"because {v.text}{source}",
             )
@@ -94,11 +95,18 @@ def advise(analyses: Sequence[RunAnalysis], options: AdviceOptions | None = None
     observations = [observe(a) for a in analyses]
     model = fit_step_model(observations)
     o = observations[0]
-    objective, b_noise, objective_note = _objective(analyses)
+    objective, verdict, objective_note = _objective(analyses)
     usd_per_device_hour = (
         o.usd_per_hour / o.devices_priced if o.usd_per_hour is not None and o.devices_priced else None
     )
-    economics = Economics(usd_per_device_hour, o.tokens_per_sample, b_noise, o.samples_per_step)
+    economics = Economics(
+        usd_per_device_hour,
+        o.tokens_per_sample,
+        verdict.b_simple if verdict else None,
+        o.samples_per_step,
+        b_noise_low=verdict.b_low if verdict else None,
+        b_noise_high=verdict.b_high if verdict else None,
+    )
     ctx = AdviceContext(
         analysis=base,
         observation=o,

@@ -2,6 +2,7 @@
 
     samples/s   = world size × batch × accumulation / mean step
     goodput     = samples/s × E(B),  E(B) = (B_noise + B₀)/(B_noise + B)   (Pollux; B₀ the run's global batch)
+                  its interval: samples/s's ends times E at both ends of B_noise's own interval
     $ / 1M      = price per hour of the setting's devices / 3600 / samples/s × 1e6
 
 The price of another world size is the run's price per device times the new device count.
@@ -24,6 +25,25 @@ class Economics:
     tokens_per_sample: float | None
     b_noise: float | None  # the gradient noise scale B_simple, in samples
     b_reference: int  # the global batch whose statistical efficiency is 1
+    # B_simple's interval (the verdict's): its low end, and its high end (None: unbounded above, E → 1).
+    b_noise_low: float | None = None
+    b_noise_high: float | None = None
+
+    def efficiency(self, global_batch: int) -> Range | None:
+        """The statistical efficiency at `global_batch`: the point at B_simple, the ends at both ends of its
+        interval (a goodput interval that ignored it once read [623.95, 1087.5], samples/s's x 0.9425)."""
+        if self.b_noise is None:
+            return None
+        point = statistical_efficiency(self.b_noise, self.b_reference, global_batch)
+        ends = [point, 1.0 if self.b_noise_high is None else self._at(self.b_noise_high, global_batch)]
+        if self.b_noise_low is not None and self.b_noise_low > 0:
+            ends.append(self._at(self.b_noise_low, global_batch))
+        elif global_batch != self.b_reference:
+            ends.append(self._at(0.0, global_batch))  # no lower bound: B_simple may be near zero
+        return Range(point, min(ends), max(ends))
+
+    def _at(self, b_noise: float, global_batch: int) -> float:
+        return statistical_efficiency(b_noise, self.b_reference, global_batch)
 
 
 def outcome(setting: Setting, step: StepPrediction, econ: Economics) -> Predicted:
@@ -40,12 +60,14 @@ def outcome(setting: Setting, step: StepPrediction, econ: Economics) -> Predicte
         )
         if econ.tokens_per_sample:
             usd_tokens = usd_samples.scaled(1.0 / econ.tokens_per_sample)
-    if econ.b_noise is not None:
-        efficiency = statistical_efficiency(econ.b_noise, econ.b_reference, samples)
-        goodput = rate.scaled(efficiency)
+    eff = econ.efficiency(samples)
+    if eff is not None:
+        efficiency = eff.value
+        goodput = Range(rate.value * eff.value, rate.low * eff.low, rate.high * eff.high)
     return Predicted(
         step_ms=step.median_ms,
         samples_per_s=rate,
+        mean_step_ms=mean,
         usd_per_million_samples=usd_samples,
         usd_per_million_tokens=usd_tokens,
         goodput_samples_per_s=goodput,

@@ -282,8 +282,8 @@ class _Plan:
 
 def _economics(plan: _Plan, usd_per_device_hour: float) -> Economics:
     e = plan.ctx.economics
-    return Economics(
-        usd_per_device_hour, e.tokens_per_sample, e.b_noise, plan.ctx.observation.samples_per_step
+    return dataclasses.replace(
+        e, usd_per_device_hour=usd_per_device_hour, b_reference=plan.ctx.observation.samples_per_step
     )
 
 

@@ -56,6 +56,9 @@ class NoiseVerdict:
     kind: str
     b_simple: float | None  # what goodput may weigh with: a positive estimate, else None
     text: str  # the verdict in words, a sentence without its full stop
+    # B_simple's interval where goodput weighs with it: its low end, and its high end (None: unbounded above).
+    b_low: float | None = None
+    b_high: float | None = None
 
 
 def noise_verdict(ns: NoiseScale | None, run: RunInfo) -> NoiseVerdict:
@@ -85,19 +88,33 @@ def noise_verdict(ns: NoiseScale | None, run: RunInfo) -> NoiseVerdict:
             "signal at all (random labels); a larger batch loses no statistical efficiency that can be "
             "measured here",
         )
+    if ns.ci_high is None and (ns.ci_low is None or ns.ci_low <= 0):
+        # An interval from zero (or nothing) to unbounded says nothing of B_simple: any batch is as consistent
+        # with it as any other, so it weighs no figure (a 2-rank run's "about 61.62 (at least 0)" once switched
+        # the whole advice to goodput).
+        return NoiseVerdict(
+            "no signal",
+            None,
+            f"the gradient noise scale was measured over {ns.steps} steps at {batches} and came out with no "
+            f"signal: its estimate (about {ns.b_simple:.4g} samples) has an interval from "
+            f"{max(0.0, ns.ci_low or 0.0):.4g} to unbounded above, because |G|² is barely above zero at these "
+            "batches, so it says nothing of how a larger batch trades samples for steps",
+        )
     if ns.ci_high is None:
-        low = f"at least {ns.ci_low:.4g}" if ns.ci_low is not None else "unbounded above"
         return NoiseVerdict(
             "lower bound",
             ns.b_simple,
-            f"the gradient noise scale B_simple is about {ns.b_simple:.4g} samples ({low}: |G|² is barely "
-            f"above zero at {batches})",
+            f"the gradient noise scale B_simple is about {ns.b_simple:.4g} samples (at least {ns.ci_low:.4g}, "
+            f"unbounded above: |G|² is barely above zero at {batches})",
+            b_low=ns.ci_low,
         )
     return NoiseVerdict(
         "measured",
         ns.b_simple,
         f"the gradient noise scale B_simple is about {ns.b_simple:.4g} samples (95% interval {ns.ci_low:.4g} "
         f"to {ns.ci_high:.4g}, {batches})",
+        b_low=ns.ci_low,
+        b_high=ns.ci_high,
     )
 
 

@@ -23,8 +23,10 @@ def b_simple_text(ns: NoiseScale) -> str:
         return f"no signal: larger than can be measured at batch {ns.big_batch}, or none at all"
     if is_number(ns.ci_low) and is_number(ns.ci_high):
         return f"{number(ns.b_simple)} (95% interval {number(ns.ci_low)} to {number(ns.ci_high)})"
-    if is_number(ns.ci_low):
+    if is_number(ns.ci_low) and ns.ci_low > 0:
         return f"{number(ns.b_simple)} (at least {number(ns.ci_low)})"
+    if not is_number(ns.ci_high):  # from zero to unbounded: the advice's verdict too (noise_verdict)
+        return f"no signal: about {number(ns.b_simple)}, but its interval runs from 0 to unbounded above"
     return number(ns.b_simple)
 
 
