@@ -74,6 +74,11 @@ def _at_link(ctx: AdviceContext, link: LinkCheck) -> Predicted | None:
         fast = ctx.predict(setting, fits=[_link_fit(ctx, high_bw)])
         return Predicted(
             step_ms=Range(mid.step_ms.value, fast.step_ms.low, mid.step_ms.high),
+            mean_step_ms=(
+                Range(mid.mean_step_ms.value, fast.mean_step_ms.low, mid.mean_step_ms.high)
+                if mid.mean_step_ms is not None and fast.mean_step_ms is not None
+                else None
+            ),
             samples_per_s=Range(mid.samples_per_s.value, mid.samples_per_s.low, fast.samples_per_s.high),
             usd_per_million_samples=mid.usd_per_million_samples,
             usd_per_million_tokens=mid.usd_per_million_tokens,

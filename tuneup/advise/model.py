@@ -92,6 +92,9 @@ class Predicted:
     breakdown_ms: dict[str, float] | None = decimals(3, None)  # the model's terms for this setting
     # The run(s) that measured this setting, where one did: the figures are then theirs, not the model's.
     measured_run: str | None = None
+    # The mean training step, which samples/s is made of (samples per step / mean step): shown beside
+    # samples/s, so that no line divides one step's samples by the other step's time.
+    mean_step_ms: Range | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ def without_ms(current: Predicted, step_ms: float, removed: tuple[float, float, 
 
     return Predicted(
         step_ms=step(current.step_ms),
+        mean_step_ms=step(current.mean_step_ms) if current.mean_step_ms is not None else None,
         samples_per_s=rate(current.samples_per_s),  # type: ignore[arg-type]
         usd_per_million_samples=money(current.usd_per_million_samples),
         usd_per_million_tokens=money(current.usd_per_million_tokens),

@@ -65,7 +65,13 @@ def headline(rec: Recommendation) -> str:
 def _figures(label: str, p: Predicted | None) -> tuple[str, str] | None:
     if p is None:
         return None
-    parts = [f"step {_ms(p.step_ms)}", f"samples/s {_rate(p.samples_per_s)}"]
+    # One figure, one definition: samples/s is the samples per step over the *mean* step, so the mean step
+    # stands beside it; the median (the typical step) is labelled as such (a heavy tail sets them apart:
+    # "step 606.5 ms; samples/s 34.6" once divided 32 samples by the 924.6 ms mean).
+    parts = [f"median step {_ms(p.step_ms)}"]
+    if p.mean_step_ms is not None:
+        parts.append(f"mean step {_ms(p.mean_step_ms)}")
+    parts.append(f"samples/s {_rate(p.samples_per_s)}" + (" (at the mean step)" if p.mean_step_ms else ""))
     if p.goodput_samples_per_s is not None:
         parts.append(f"goodput {_rate(p.goodput_samples_per_s)}")
     if p.usd_per_million_samples is not None:
@@ -78,7 +84,8 @@ def recommendation_blocks(rec: Recommendation) -> list[Block]:
         ("Change", "; ".join(f"{c.knob}: {c.current} → {c.proposed}" for c in rec.changes)),
         ("Gain", f"{rec.objective} {pct(rec.gain)} {_how(rec)}; {rec.confidence} confidence"),
     ]
-    for label, p in (("Now (model)", rec.current), ("After", rec.predicted)):
+    now = "Now (measured)" if rec.current is not None and rec.current.measured_run else "Now (model)"
+    for label, p in ((now, rec.current), ("After", rec.predicted)):
         row = _figures(label, p)
         if row:
             pairs.append(row)
@@ -130,7 +137,7 @@ def advice_blocks(advice: Advice | str) -> list[Block]:
         out.append(
             table(
                 f"Other instances for this workload (global batch {w.global_batch}, ranked by {w.ranked_by})",
-                ("Instance", "GPUs", "$/h", "Step", "Samples/s", "$ per 1M samples", "Note"),
+                ("Instance", "GPUs", "$/h", "Median step", "Samples/s", "$ per 1M samples", "Note"),
                 [
                     (
                         r.instance + (" (spot)" if r.spot else ""),
@@ -246,7 +253,7 @@ def advice_text(advice: Advice | str, limit: int | None = None) -> list[str]:
             step = _ms(r.step_ms) if r.step_ms else "-"
             lines.append(
                 f"  - {r.instance}{' (spot)' if r.spot else ''}: {r.gpus} x {r.gpu}, ${r.usd_per_hour:,.2f}/h, "
-                f"step {step}, $ per 1M samples {_usd(r.usd_per_million_samples)}"
+                f"median step {step}, $ per 1M samples {_usd(r.usd_per_million_samples)}"
             )
         lines.append("")
     elif w is not None and w.assumptions:
