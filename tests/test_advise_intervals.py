@@ -88,6 +88,8 @@ def runs(draw: st.DrawFn) -> list[Observation]:
             other_ms=draw(st.floats(-1.0, 50.0)),
             sync_ms=draw(st.floats(0.0, 5.0)),
             ranks_per_node=w,
+            contended=draw(st.sampled_from((None, False, True))),
+            others_cpu_share=draw(st.one_of(st.none(), st.floats(0.0, 1.0))),
         )
         if w > 1 and draw(st.booleans()):
             comm = draw(st.floats(0.01, 300.0))
@@ -131,14 +133,26 @@ def settings_around(s: Setting) -> list[Setting]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(runs(), st.one_of(st.none(), st.floats(1.0, 5000.0)))
+@given(
+    runs(),
+    st.one_of(st.none(), st.floats(1.0, 5000.0)),
+    st.one_of(st.none(), st.floats(0.0, 1.0)),
+    st.one_of(st.none(), st.floats(1.0, 10.0)),
+)
 def test_every_interval_is_ordered_bounded_and_holds_its_point(
-    observations: list[Observation], b_noise: float | None
+    observations: list[Observation], b_noise: float | None, low_share: float | None, high_factor: float | None
 ) -> None:
     with strict():
         m = fit_step_model(observations)
         base = observations[0]
-        econ = Economics(2.0, None, b_noise, base.samples_per_step)
+        econ = Economics(
+            2.0,
+            None,
+            b_noise,
+            base.samples_per_step,
+            b_noise_low=None if b_noise is None or low_share is None else b_noise * low_share,
+            b_noise_high=None if b_noise is None or high_factor is None else b_noise * high_factor,
+        )
         ctx = AdviceContext(
             analysis=recorded(),
             observation=base,
@@ -157,6 +171,18 @@ def test_every_interval_is_ordered_bounded_and_holds_its_point(
                 check(step.median_ms, f"median step at {s}")
             p = ctx.predict(s)
             check_predicted(p, f"at {s}")
+            if (
+                p.measured_run is None
+                and dataclasses.replace(s, batch_size=ctx.setting.batch_size) == ctx.setting
+            ):
+                # Physics: a step never gets faster as its batch grows, so k times the batch gains at most
+                # k - 1 in samples/s, and 1/k of it loses at most 1 - 1/k ("+343.1%" for 32 -> 128 was not).
+                k = s.batch_size / ctx.setting.batch_size
+                gain = relative_gain(current, p, "samples/s")
+                if k > 1:
+                    assert gain.high <= k - 1 + 1e-9, (k, gain)
+                else:
+                    assert gain.low >= k - 1 - 1e-9, (k, gain)
             for objective in ("samples/s", "goodput"):
                 check(relative_gain(ctx.baseline(p), p, objective), f"{objective} gain at {s}", relative=True)
         recommendations = []

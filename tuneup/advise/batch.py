@@ -36,10 +36,39 @@ def _candidates(current: Setting, max_factor: int | None) -> list[Setting]:
 def _confidence(ctx: AdviceContext, setting: Setting, measured: bool) -> str:
     seen = ctx.model.batch_sizes
     if measured:
-        return "high"
-    if ctx.model.line.prior:
+        # A contended host moves both runs: no better than medium; the context lowers it to low where the
+        # two sides ran under different host load.
+        return "medium" if _contended(ctx) else "high"
+    if ctx.model.line.prior or ctx.model.line.flat or _contended(ctx):
         return "low"
     return "high" if min(seen) <= setting.batch_size <= max(seen) else "medium"
+
+
+def _contended(ctx: AdviceContext) -> list[str]:
+    """The runs of the fit whose host other processes took (tuneup's contention warning)."""
+    return [o.run_id for o in ctx.model_observations or (ctx.observation,) if o.contended]
+
+
+def _fit_caveats(ctx: AdviceContext) -> list[str]:
+    """What makes a fit from several batch sizes weak: compute that did not grow with the batch, runs on a
+    contended host."""
+    out = []
+    line = ctx.model.line
+    if line.flat and len(ctx.model.batch_sizes) > 1:
+        out.append(
+            f"the fit's compute did not grow with the batch between batch sizes "
+            f"{', '.join(map(str, ctx.model.batch_sizes))} (slope {line.raw_slope_ms or 0.0:+.3f} ms per sample, "
+            "held at zero): the runs' noise is larger than the difference between them, so the interval spans "
+            "the lines their noise allows, and the point, a step that does not grow, is the most a larger batch "
+            "can gain"
+        )
+    busy = _contended(ctx)
+    if busy:
+        out.append(
+            f"run(s) {', '.join(busy)} ran on a host whose CPU other processes took (tuneup's contention "
+            "warning): their steps, and the fit, move with the host's load; rerun on a quiet host, interleaved"
+        )
+    return out
 
 
 def measure_instruction(batch: int) -> str:
@@ -75,10 +104,12 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
                     str(setting.accumulate_grad_batches),
                 )
             )
-        caveats: list[str] = []
+        caveats: list[str] = [] if prior else _fit_caveats(ctx)
         evidence = [
-            f"step {o.step_median_ms:.1f} ms (median) at batch {o.batch_size} x {o.accumulation} micro-batch(es) "
-            f"x {o.world_size} rank(s); compute per micro-batch {o.compute_per_micro_batch_ms:.1f} ms",
+            # Means throughout (samples/s is made of the mean step), the median beside it.
+            f"step {o.step_mean_ms:.1f} ms mean ({o.step_median_ms:.1f} ms median) at batch {o.batch_size} x "
+            f"{o.accumulation} micro-batch(es) x {o.world_size} rank(s); compute per micro-batch "
+            f"{o.compute_per_micro_batch_ms:.1f} ms mean",
             f"step-time model: compute {ctx.model.line.intercept_ms:.2f} ms + {ctx.model.line.slope_ms:.3f} ms "
             f"per sample per micro-batch, from batch sizes {', '.join(map(str, ctx.model.batch_sizes))}",
         ]
@@ -158,4 +189,18 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             best = rec
         else:
             ctx.skip(rec.title, f"predicted +{rec.gain.value:.1%}, less than another batch setting")
+    if (
+        best is not None
+        and best.predicted is not None
+        and best.predicted.measured_run is None
+        and ctx.not_credible
+    ):
+        # The fit rests on a run whose measured comparison went beyond physics: so does this prediction.
+        ctx.skip(
+            best.title,
+            f"predicted {best.objective} {best.gain.value:+.1%} from a fit that includes run(s) "
+            f"{', '.join(ctx.not_credible)}, whose comparison with this run is not credible (above): rerun both "
+            "settings, interleaved, on a quiet host, then advise from those runs",
+        )
+        best = None
     return [best] if best else []

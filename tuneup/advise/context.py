@@ -9,30 +9,77 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from tuneup.advise.model import MIN_GAIN, Change, Considered, Predicted, Range, Recommendation, Setting
-from tuneup.advise.observe import Observation
+from tuneup.advise.observe import RUN_TO_RUN_NOISE, Observation
 from tuneup.advise.outcomes import Economics, cost_change, outcome, relative_gain
 from tuneup.advise.step_model import StepPrediction, StepTimeModel, observed_setting
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
 
-# How far a rerun of one setting lands from another on the same machine (mean step): the interval of a setting
-# that was measured rather than predicted, where the runs given do not show their own spread. The advice's
-# threshold (5%) is set above it.
-RUN_TO_RUN_NOISE = 0.03
 
-
-def measured_step(runs: Sequence[Observation], terms_ms: dict[str, float]) -> StepPrediction:
-    """The step of a setting some runs measured: their mean, within their spread or the run-to-run noise."""
+def measured_step(
+    runs: Sequence[Observation], terms_ms: dict[str, float], baseline: Sequence[Observation] = ()
+) -> StepPrediction:
+    """The step of a setting some runs measured: their mean, within what the runs' own evidence allows. The
+    interval holds the spread between the runs, each run's own noise (its tail, its host's contention:
+    `Observation.step_noise`), and, where `baseline` (the runs it is compared with) is given, theirs too,
+    and a contention that one side had and the other not: a contended side may have run up to
+    1 / (1 − the others' share of its CPUs) slower than it would have alone."""
     mean = statistics.fmean(o.step_mean_ms for o in runs)
     median = statistics.fmean(o.step_median_ms for o in runs)
     spread = (
         (max(o.step_mean_ms for o in runs) - min(o.step_mean_ms for o in runs)) / mean if mean > 0 else 0.0
     )
-    noise = max(RUN_TO_RUN_NOISE, spread)
+    noise = max(RUN_TO_RUN_NOISE, spread, *(o.step_noise for o in runs))
+    if baseline:
+        noise = (1 + noise) * (1 + max(o.step_noise for o in baseline)) - 1
+    low_factor = high_factor = 1 + noise
+    mismatch = contention_mismatch(baseline, runs) if baseline else None
+    if mismatch is not None:
+        contended_side, share = mismatch
+        slower = 1 / (1 - min(share, MAX_OTHERS_SHARE))
+        if contended_side == "baseline":  # this side ran quieter: alone as the baseline was, it may be slower
+            high_factor *= slower
+        else:
+            low_factor *= slower
     return StepPrediction(
-        Range(mean, mean / (1 + noise), mean * (1 + noise)),
-        Range(median, median / (1 + noise), median * (1 + noise)),
+        Range(mean, mean / low_factor, mean * high_factor),
+        Range(median, median / low_factor, median * high_factor),
         dict(terms_ms),
     )
+
+
+# A contended side is taken as slowed by at most 1 / (1 - this): others taking every CPU leave the run a tenth.
+MAX_OTHERS_SHARE = 0.9
+
+
+def contention_mismatch(
+    baseline: Sequence[Observation], runs: Sequence[Observation]
+) -> tuple[str, float] | None:
+    """("baseline" or "measured", the others' CPU share) where one side of a comparison ran on a contended
+    host and the other did not; None where both sides ran alike (or nothing recorded it)."""
+
+    def side(obs: Sequence[Observation]) -> tuple[bool, float]:
+        return any(bool(o.contended) for o in obs), max((o.others_cpu_share or 0.0) for o in obs)
+
+    (base_busy, base_share), (run_busy, run_share) = side(baseline), side(runs)
+    if base_busy and not run_busy:
+        return "baseline", base_share
+    if run_busy and not base_busy:
+        return "measured", run_share
+    return None
+
+
+def _most_samples_gain(changes: Sequence[Change]) -> float | None:
+    """k − 1 for a change that only makes each step k× the samples (a larger batch, more accumulation): the
+    most samples/s can gain, where the step does not get faster. None for any other change."""
+    k = 1.0
+    for c in changes:
+        if c.knob not in ("batch_size", "accumulate_grad_batches"):
+            return None
+        try:
+            k *= int(c.proposed) / int(c.current)
+        except (ValueError, ZeroDivisionError):
+            return None
+    return k - 1 if k > 1 else None
 
 
 def describe(changes: Sequence[Change]) -> str:
@@ -50,6 +97,9 @@ class AdviceContext:
     min_gain: float = MIN_GAIN
     link_fits: Sequence[CollectiveFit] | None = None  # another link to predict with (a probe run)
     considered: list[Considered] = field(default_factory=list)
+    # Runs whose measured comparison with this one went beyond physics (the runs differ in something else):
+    # a model fitted to them is as confounded, and a rule does not recommend from it.
+    not_credible: list[str] = field(default_factory=list)
 
     model_observations: Sequence[Observation] = ()  # every run the model was fitted to
     # The model's figures at the current setting, once: every recommendation is judged against them.
@@ -80,7 +130,8 @@ class AdviceContext:
             else []
         )
         if runs:
-            step = measured_step(runs, step.terms_ms)
+            base_runs = self.measured_runs(self.setting) if setting != self.setting else []
+            step = measured_step(runs, step.terms_ms, base_runs)
             return replace(
                 outcome(setting, step, self.economics), measured_run=", ".join(o.run_id for o in runs)
             )
@@ -110,6 +161,24 @@ class AdviceContext:
         """What `proposed` is judged against: a measurement against the measurement, a prediction against
         the model's own figure here."""
         return self.measured_current if proposed.measured_run is not None else self.current
+
+    def _runs(self, ids: str) -> list[Observation]:
+        wanted = set(ids.split(", "))
+        return [o for o in self.model_observations or (self.observation,) if o.run_id in wanted]
+
+    def _contention_words(self, runs: Sequence[Observation]) -> str:
+        """ ", run X was contended (...) and run Y was not" where the two sides of a measured comparison ran
+        under different host load; "" where they ran alike."""
+        base = self.measured_runs(self.setting)
+        mismatch = contention_mismatch(base, runs)
+        if mismatch is None:
+            return ""
+        busy, quiet = (base, runs) if mismatch[0] == "baseline" else (runs, base)
+        return (
+            f": run {', '.join(o.run_id for o in busy)} ran on a host whose CPU other processes took "
+            f"({mismatch[1]:.0%} of it, tuneup's contention warning) and run "
+            f"{', '.join(o.run_id for o in quiet)} did not"
+        )
 
     def skip(self, knob: str, reason: str) -> None:
         self.considered.append(Considered(knob, reason))
@@ -145,6 +214,40 @@ class AdviceContext:
                 "within the run-to-run noise of one run each: rerun both settings, interleaved, and compare them "
                 "with `tuneup compare`"
             )
+            runs = self._runs(proposed.measured_run)
+            physics = _most_samples_gain(changes)
+            rate_gain = relative_gain(current, proposed, "samples/s")
+            # The runs' own noise on both sides (their tails, their hosts' load), without a contention that
+            # only one side had: that is what would explain a ratio beyond physics, not what excuses it.
+            noise = (1 + max(o.step_noise for o in runs or [self.observation])) * (
+                1 + max(o.step_noise for o in self.measured_runs(self.setting))
+            ) - 1
+            if physics is not None and 1 + rate_gain.value > (1 + physics) * (1 + noise):
+                # A step never gets faster as its batch grows: beyond k× samples/s for k× the samples, more
+                # than the runs' noise allows, the runs differ in something other than this change.
+                self.skip(
+                    knob,
+                    f"{how} samples/s change {rate_gain.value:+.1%} [{rate_gain.low:+.1%}, {rate_gain.high:+.1%}] "
+                    f"is not credible: {physics + 1:g}x the samples per step can give at most {physics:+.0%} "
+                    f"(the step never gets faster as the batch grows), {noise:.0%} more with the runs' own noise, "
+                    "so the two runs differ in something "
+                    f"else{self._contention_words(runs)}; rerun both settings, interleaved, on a quiet host, and "
+                    "compare them with `tuneup compare`",
+                )
+                self.not_credible.extend(o.run_id for o in runs)
+                return None
+            words = self._contention_words(runs)
+            if words:
+                settle = (
+                    f"a comparison of runs under different host load{words}: rerun both settings, interleaved, "
+                    "and compare them with `tuneup compare`"
+                )
+                confidence = "low"
+                caveats = [
+                    f"a comparison of runs under different host load{words}: the gain may be the load's, not "
+                    "the change's; rerun both settings, interleaved, and compare them with `tuneup compare`",
+                    *(caveats or []),
+                ]
         if gain.value < self.min_gain:
             self.skip(
                 knob,

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
 
+# How far a rerun of one setting lands from another on the same quiet machine (mean step).
+RUN_TO_RUN_NOISE = 0.03
+
 
 class AdviceInputError(ValueError):
     """A run cannot be advised on (no steady steps, no batch size): names the problem and the fix."""
@@ -64,6 +67,23 @@ class Observation:
     run_steps: int | None = None  # optimizer steps the run was set to take (max_steps), else took
     # Whether the host's CPU has bf16 arithmetic (AVX512-BF16 or AMX); None: not recorded.
     cpu_bf16: bool | None = None
+    # Host contention (tuneup/analyze/contention.py): whether some host of the run had its CPU taken by other
+    # processes, and the largest share of its CPUs they took (0-1); None: no telemetry read it.
+    contended: bool | None = None
+    others_cpu_share: float | None = None
+
+    @property
+    def step_noise(self) -> float:
+        """How far this run's mean step may sit from its setting's true one, as a relative error: the
+        run-to-run noise of a quiet host, the tail's pull on the mean (mean over median: slow steps that
+        another run may or may not have), and, on a contended host, half the share of its CPUs other
+        processes took (others at 77% of a 2-CPU host moved one setting's mean step 25% between runs, and
+        a quiet moment ran it 13x faster)."""
+        tail = abs(self.step_mean_ms / self.step_median_ms - 1) if self.step_median_ms > 0 else 0.0
+        noise = max(RUN_TO_RUN_NOISE, tail)
+        if self.contended:
+            noise = max(noise, (self.others_cpu_share or 0.0) / 2)
+        return noise
 
     @property
     def samples_per_step(self) -> int:
@@ -137,6 +157,8 @@ def observe(analysis: RunAnalysis) -> Observation:
     local_sgd_period, compression, averaging = _sync_strategy(analysis, step.median_ms)
     host = analysis.environment.host or {}
     cpu_bf16 = host.get("cpu_bf16")
+    contention = [c for c in analysis.telemetry.cpu_contention if c.samples]
+    others = [c.others_percent_mean / 100.0 for c in contention if c.others_percent_mean is not None]
     run_steps = run.max_steps if run.max_steps and run.max_steps > 0 else None
     if run_steps is None and run.last_step is not None:
         run_steps = run.last_step + 1
@@ -184,6 +206,8 @@ def observe(analysis: RunAnalysis) -> Observation:
         averaging_ms=averaging,
         run_steps=run_steps,
         cpu_bf16=cpu_bf16 if isinstance(cpu_bf16, bool) else None,
+        contended=any(c.contended for c in contention) if contention else None,
+        others_cpu_share=min(1.0, max(others)) if others else None,
     )
 
 

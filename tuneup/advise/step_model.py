@@ -44,6 +44,7 @@ the batch seen, compute growing faster than the batch. The model's own error wid
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 from collections import defaultdict
@@ -97,6 +98,13 @@ class _Line:
     sxx: float = 0.0
     prior: str | None = None
     seen_b: float | None = None  # the one batch size seen, where the line is a prior
+    # The least-squares slope before it was held at zero or above: at or below zero, the runs' compute did
+    # not grow with their batch (their noise is larger than the difference), and the fit says little.
+    raw_slope_ms: float | None = None
+
+    @property
+    def flat(self) -> bool:
+        return self.raw_slope_ms is not None and self.raw_slope_ms <= 0
 
     def at(self, b: float) -> float:
         """The term at batch size `b`; a time, never below zero."""
@@ -117,8 +125,10 @@ class _Line:
         return value, value
 
 
-def _fit_line(points: Sequence[tuple[float, float]]) -> _Line:
-    """C(b) from (batch size, compute ms) points; one distinct batch size -> AdaptDL's prior."""
+def _fit_line(points: Sequence[tuple[float, float]], noise_ms: Sequence[float] = ()) -> _Line:
+    """C(b) from (batch size, compute ms) points; one distinct batch size -> AdaptDL's prior. `noise_ms`:
+    how far each point may sit from its setting's true compute (its run's own noise); with two points, where
+    no standard error exists, the interval spans the lines through every combination of their ends."""
     sizes = {b for b, _ in points}
     if len(sizes) == 1:
         b = points[0][0]
@@ -139,12 +149,25 @@ def _fit_line(points: Sequence[tuple[float, float]]) -> _Line:
     mean_b = statistics.fmean(b for b, _ in points)
     mean_c = statistics.fmean(c for _, c in points)
     sxx = sum((b - mean_b) ** 2 for b, _ in points)
-    slope = sum((b - mean_b) * (c - mean_c) for b, c in points) / sxx
-    slope = max(0.0, slope)  # compute never falls as the batch grows
+    raw_slope = sum((b - mean_b) * (c - mean_c) for b, c in points) / sxx
+    slope = max(0.0, raw_slope)  # compute never falls as the batch grows
     intercept = max(0.0, mean_c - slope * mean_b)
     residuals = [c - (intercept + slope * b) for b, c in points]
     se = math.sqrt(sum(r * r for r in residuals) / (n - 2)) if n > 2 else None
-    return _Line(intercept, slope, se_ms=se, n=n, mean_b=mean_b, sxx=sxx)
+    extremes: tuple[tuple[float, float], ...] = ()
+    if se is None and len(noise_ms) == n and any(noise_ms):
+        ends = []
+        for signs in itertools.product((-1.0, 1.0), repeat=n):
+            moved = [
+                (b, max(0.0, c + sign * e)) for (b, c), sign, e in zip(points, signs, noise_ms, strict=True)
+            ]
+            m = statistics.fmean(c for _, c in moved)
+            k = max(0.0, sum((b - mean_b) * (c - m) for b, c in moved) / sxx)
+            ends.append((max(0.0, m - k * mean_b), k))
+        extremes = tuple(ends)
+    return _Line(
+        intercept, slope, extremes=extremes, se_ms=se, n=n, mean_b=mean_b, sxx=sxx, raw_slope_ms=raw_slope
+    )
 
 
 def _fit_term(points: Sequence[tuple[float, float]], proportional: bool) -> _Line:
@@ -286,7 +309,36 @@ class StepTimeModel:
         fits: Sequence[CollectiveFit] | None = None,
     ) -> StepPrediction:
         """The step at `setting`. `compute_scale` multiplies compute (another precision or GPU);
-        `data_ms_per_sample` replaces the loader's wait; `fits` another link's alpha-beta."""
+        `data_ms_per_sample` replaces the loader's wait; `fits` another link's alpha-beta.
+
+        Held to physics: the step at a larger batch is never shorter than at a smaller one (compute, the
+        wait and the loop never shrink as a batch grows). Anchored at the base run (the step the advice is
+        for stays its own): a batch above the base's is at least the step's point at the base's batch and
+        at every batch the runs measured between them, at its point and its low end; a batch below, at
+        most those (×k the batch gains at most k − 1 in samples/s, and ÷k loses at most 1 − 1/k). A fit's
+        line between noisy runs can say otherwise."""
+        raw = self._predict(setting, compute_scale, data_ms_per_sample, fits)
+        mean, median = raw.mean_ms, raw.median_ms
+        b, b0 = setting.batch_size, self.base.batch_size
+        between = {x for x in (*self.batch_sizes, b0) if min(b, b0) <= x <= max(b, b0) and x != b}
+        for x in sorted(between):
+            ref = self._predict(
+                dataclasses.replace(setting, batch_size=x), compute_scale, data_ms_per_sample, fits
+            )
+            bound = _at_least if x < b else _at_most
+            mean, median = bound(mean, ref.mean_ms.value), bound(median, ref.median_ms.value)
+        if (mean, median) == (raw.mean_ms, raw.median_ms):
+            return raw
+        return StepPrediction(mean, median, {**raw.terms_ms, "physics_bound": 1.0})
+
+    def _predict(
+        self,
+        setting: Setting,
+        compute_scale: Range | None = None,
+        data_ms_per_sample: float | None = None,
+        fits: Sequence[CollectiveFit] | None = None,
+    ) -> StepPrediction:
+        """The model's step at `setting`, before `predict` holds it to physics."""
         b, s, p = setting.batch_size, setting.accumulate_grad_batches, setting.world_size
         scale = compute_scale or Range(1.0, 1.0, 1.0)
         if data_ms_per_sample is None:
@@ -377,7 +429,7 @@ class StepTimeModel:
         warmup = _local_sgd_warmup(period, self.run_steps)
         if warmup > 0:
             # The strategy's exact warm-up steps are part of the run: its mean step over the run's length.
-            exact = self.predict(
+            exact = self._predict(
                 dataclasses.replace(setting, local_sgd_period=None), compute_scale, data_ms_per_sample, fits
             ).mean_ms
             mean = Range(
@@ -420,6 +472,18 @@ class StepTimeModel:
             notes=list(self.notes),
             interference_measured=self.interference_known,
         )
+
+
+def _at_least(r: Range, floor: float) -> Range:
+    """`r` with its point and both ends at `floor` or above."""
+    value = max(r.value, floor)
+    return Range(value, max(r.low, floor), max(r.high, value))
+
+
+def _at_most(r: Range, ceiling: float) -> Range:
+    """`r` with its point and both ends at `ceiling` or below."""
+    value = min(r.value, ceiling)
+    return Range(value, min(r.low, value), min(r.high, ceiling))
 
 
 def _step_range(mid: float, low: float, high: float, err: float) -> Range:
@@ -472,7 +536,11 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     # whose compute carries no collectives).
     ref_world = max(by_world, key=lambda w: (len({o.batch_size for o in by_world[w]}), -w))
     ref = by_world[ref_world]
-    line = _fit_line([(o.batch_size, o.compute_per_micro_batch_ms) for o in ref])
+    line = _fit_line(
+        [(o.batch_size, o.compute_per_micro_batch_ms) for o in ref],
+        # Each run's own noise, on its whole step per micro-batch: compute is where the fit puts it.
+        [o.step_noise * o.step_mean_ms / o.accumulation for o in ref],
+    )
     if line.prior:
         notes.append(line.prior)
     compute_total = sum(o.forward_ms + o.backward_ms - (o.exposed_ms or 0.0) for o in observations)
@@ -488,8 +556,19 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     # The optimizer's time does not depend on the batch: one mean, and each run's difference from it goes
     # with its loop's time, so that it too comes back as measured.
     optimizer = statistics.fmean(o.optimizer_ms for o in observations)
+    # So does compute the line does not pass through (a fit held at zero slope where the runs' compute fell
+    # as their batch grew): the model gives back each run's step, not the line's (a two-run fit once said
+    # "now: 50.1 samples/s" of a run that measured 42.4).
+    ref_ids = {id(o) for o in ref}
+
+    def off_line(o: Observation) -> float:
+        return o.compute_per_micro_batch_ms - line.at(o.batch_size) if id(o) in ref_ids else 0.0
+
     other_line = _fit_term(
-        [(o.batch_size, (_loop_ms(o) + o.optimizer_ms - optimizer) / o.accumulation) for o in observations],
+        [
+            (o.batch_size, (_loop_ms(o) + o.optimizer_ms - optimizer) / o.accumulation + off_line(o))
+            for o in observations
+        ],
         proportional=False,
     )
     data_per_sample = data_line.at(base.batch_size) / base.batch_size
@@ -497,7 +576,8 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     averaging = {
         o.world_size: o.averaging_ms for o in observations if o.averaging_ms is not None and o.world_size > 1
     }
-    median_over_mean = statistics.fmean(o.step_median_ms / o.step_mean_ms for o in observations)
+    # The typical step keeps the shape of the run the advice is for, so that its own median comes back.
+    median_over_mean = base.step_median_ms / base.step_mean_ms
 
     # Collectives: the link fit and buckets of the multi-rank run closest to the base, held to the time
     # its collectives took (the fit's line need not pass through this run's bucket sizes).
@@ -606,10 +686,21 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
         averaging_ms=averaging,
         run_steps=base.run_steps,
     )
+    # Anchored at the base run: the step the advice is for is its own, whatever a least-squares fit through
+    # three or more runs says there; what the fit leaves unexplained at the base goes with the loop's time
+    # per micro-batch (a constant: no batch size's step moves against another's).
+    off_base = base.step_mean_ms - model._predict(observed_setting(base)).mean_ms.value
+    if abs(off_base) > 1e-9 * base.step_mean_ms:
+        shifted = dataclasses.replace(
+            other_line,
+            intercept_ms=other_line.intercept_ms + off_base / base.accumulation,
+            extremes=tuple((a + off_base / base.accumulation, k) for a, k in other_line.extremes),
+        )
+        model = dataclasses.replace(model, other_line=shifted, other_ms=shifted.at(base.batch_size))
     # In-sample error: how far the model lands on the runs it was fitted to.
     errors = []
     for o in observations:
-        predicted = model.predict(observed_setting(o)).mean_ms.value
+        predicted = model._predict(observed_setting(o)).mean_ms.value
         errors.append(abs(predicted / o.step_mean_ms - 1) if o.step_mean_ms > 0 else 0.0)
     return dataclasses.replace(model, fit_error=max(errors) if len(observations) > 1 else None)
 
