@@ -7,7 +7,8 @@ geometric mean of the two. Small steps gain less than either says: the host's la
 shrink with precision, which the interval's upper end (one half) bounds only loosely; the GPU check
 measured it on an H200 (benchmarks/gpu_check.py).
 
-Never on a CPU without AVX512-BF16 or AMX, where bf16 autocast is more than 2x slower (pytorch #86270).
+Never on a CPU without AVX512-BF16 or AMX, where bf16 autocast is more than 2x slower (pytorch #86270); on
+a CPU with them, a hypothesis to measure (it pays on matmul-bound steps and can lose on elementwise ones).
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ MEMORY_BOUND_SCALE = 0.5  # bytes halve: the least a memory-bound step gains
 CPU_BF16_TO_FP32 = Range(0.5, 0.3, 0.8)
 # The same where the CPU's flags were not recorded: it may have bf16 arithmetic, and then 32-true is slower.
 CPU_BF16_TO_FP32_UNKNOWN = Range(0.5, 0.3, 1.5)
+# bf16-mixed compute over 32-true compute on a CPU with bf16 arithmetic (AVX512-BF16: about twice fp32's
+# matmul rate; AMX: more). The low end: matmul-bound, a third of the time; the high end: a small or
+# elementwise-bound model, where autocast's casts cost more than the matmuls save (1.3x slower). Measured
+# interleaved on Lightning's GAN example on an AVX512-BF16 EPYC: +72% and +12% samples/s.
+CPU_FP32_TO_BF16 = Range(0.7, 0.35, 1.3)
 _BF16 = ("bf16", "bf16-mixed", "bf16-true")
 
 
@@ -80,6 +86,41 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     return [rec] if rec is not None else []
 
 
+def _cpu_bf16(ctx: AdviceContext, hardware: str) -> list[Recommendation]:
+    """A 32-bit CPU run on a CPU with bf16 arithmetic: bf16-mixed may pay or lose, by the model's kind of
+    ops, which the record cannot tell: a hypothesis with the code to test it, recommended only where even
+    its interval's low end gains."""
+    o = ctx.observation
+    scale = CPU_FP32_TO_BF16
+    proposed = ctx.predict(replace(ctx.setting, precision="bf16-mixed"), compute_scale=scale)
+    python, yaml = code.trainer_args(ctx.namespace, {"precision": "bf16-mixed"})
+    apply = python.splitlines()[-1]
+    rec = ctx.recommendation(
+        id="precision.bf16_on_cpu",
+        title="Try bf16-mixed on this CPU",
+        changes=[Change("precision", o.precision or "32-true", "bf16-mixed")],
+        proposed=proposed,
+        evidence=[
+            f"the run trained in {o.precision or '32-true'} on a CPU, and {hardware}",
+            f"compute {o.forward_ms + o.backward_ms:.1f} ms of the {o.step_mean_ms:.1f} ms mean step; bf16-mixed "
+            f"compute predicted x{scale.value:g} of it [x{scale.low:g} matmul-bound, x{scale.high:g} small or "
+            "elementwise-bound, where autocast's casts cost more than they save]",
+        ],
+        code=(python, yaml),
+        caveats=[
+            "a hypothesis: whether bf16 pays on a CPU depends on how much of the step is matmuls; measure it",
+            "bf16 keeps fp32's range but has 8 bits of mantissa: compare the loss curve with a 32-true run",
+        ],
+        confidence="low",
+        settle=(
+            f"a hypothesis to measure, since {hardware}: set `{apply}`, rerun, and compare the runs with "
+            "`tuneup compare` (measured on Lightning's GAN example with AVX512-BF16: +72% and +12%; a small "
+            "or elementwise-bound model can lose)"
+        ),
+    )
+    return [rec] if rec is not None else []
+
+
 def _cpu(ctx: AdviceContext, precision: str) -> list[Recommendation]:
     """A CPU run: bf16 pays only with bf16 arithmetic in the CPU; without it, back to 32-true."""
     o = ctx.observation
@@ -89,11 +130,15 @@ def _cpu(ctx: AdviceContext, precision: str) -> list[Recommendation]:
         None: "this run did not record whether its CPU has bf16 arithmetic (AVX512-BF16 or AMX)",
     }[o.cpu_bf16]
     if precision not in _BF16:
-        ctx.skip(
-            "precision",
-            f"a CPU run in {o.precision or '32-true'}: bf16 autocast is over 2x slower on CPUs without AVX512-BF16 "
-            f"or AMX (pytorch #86270) and {hardware}; keep {o.precision or '32-true'}",
+        if o.cpu_bf16:
+            return _cpu_bf16(ctx, hardware)
+        why = (
+            "so bf16 autocast would be emulated, over 2x slower (pytorch #86270)"
+            if o.cpu_bf16 is False
+            else "and without it bf16 autocast is emulated, over 2x slower (pytorch #86270); if `lscpu` lists "
+            "avx512_bf16 or amx_bf16, measure precision='bf16-mixed' against this run"
         )
+        ctx.skip("precision", f"a CPU run in {o.precision or '32-true'}, and {hardware}, {why}: keep it")
         return []
     if o.cpu_bf16:
         ctx.skip("precision", f"a CPU run in {o.precision}, and {hardware}: keep it")
