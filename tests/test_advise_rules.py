@@ -137,13 +137,50 @@ def test_a_process_that_left_a_cpu_idle_gets_the_worker_on_it(starved: RunAnalys
 
 
 def test_more_workers_than_cpus_are_told_to_use_fewer(starved: RunAnalysis) -> None:
-    # A GAN with num_workers=16 on 2 CPUs was told "num_workers=16 is already at Lightning's bound of 1".
+    # A GAN with num_workers=16 on 2 CPUs was told "num_workers=16 is already at Lightning's bound of 1", then
+    # "0.0 CPU(s) per rank spare for workers ... set DataLoader(num_workers=1)": the number follows the account.
     dl = dataclasses.replace(starved.data_loader, num_workers=16)
-    ctx = context(with_host(dataclasses.replace(starved, data_loader=dl), 2))
-    assert data_loading.recommend(ctx) == []
-    reason = knobs(ctx)["num_workers 16 → 1"]
-    assert reason.startswith("use fewer workers: num_workers=16 is above Lightning's bound of 1")
-    assert "DataLoader(num_workers=1)" in reason
+    many = dataclasses.replace(starved, data_loader=dl)
+    for env, spare, target in (({}, "0.0", 0), ({"OMP_NUM_THREADS": "1"}, "1.0", 1)):
+        ctx = context(with_host(many, 2, env=env))
+        assert data_loading.recommend(ctx) == []
+        reason = knobs(ctx)[f"num_workers 16 → {target}"]
+        assert reason.startswith("too many workers: num_workers=16 is above Lightning's bound of 1")
+        assert f"{spare} CPU(s) per rank spare for workers, so {target} worker(s)" in reason
+        assert f"DataLoader(dataset, ..., num_workers={target})" in reason
+
+
+def test_more_workers_than_cpus_is_a_finding_with_the_code(starved: RunAnalysis) -> None:
+    from tuneup.analyze.findings import findings
+
+    a = with_host(starved, 2)
+    found = {
+        f.id: f
+        for f in findings(
+            a.run,
+            a.warmup,
+            a.step_time,
+            dataclasses.replace(a.data_loader, num_workers=16),
+            a.telemetry,
+            None,
+            None,
+        )
+    }
+    f = found["too_many_workers"]
+    assert f.severity == "warning" and "num_workers=16 on 2 CPU(s)" in f.title
+    assert "DataLoader(num_workers=1)" in f.evidence
+    assert "too_many_workers" not in {
+        f.id
+        for f in findings(
+            a.run,
+            a.warmup,
+            a.step_time,
+            dataclasses.replace(a.data_loader, num_workers=1),
+            a.telemetry,
+            None,
+            None,
+        )
+    }
 
 
 def test_other_processes_on_the_cores_make_it_a_measurement_not_advice(starved: RunAnalysis) -> None:

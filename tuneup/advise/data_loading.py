@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Change, Predicted, Range, Recommendation
+from tuneup.analyze.findings import lightning_max_workers
 
 # Below this share of the step, the data wait is not worth a worker (and within a rerun's noise).
 MIN_DATA_SHARE = 0.05
@@ -58,11 +59,6 @@ BUSY_CPU_SLOWDOWN = 1.8
 # A CPU counts as the rank's when at most this much of it goes to other processes (rounding to the nearest
 # whole CPU: at 0.25 a run whose neighbours took 0.3 CPU got one reasoning, and a run beside 0.2 another).
 CORE_SLACK = 0.5
-
-
-def lightning_max_workers(cpu_count: int, local_ranks: int) -> int:
-    """Lightning's `suggested_max_num_workers`: max(1, CPUs // local ranks − 1)."""
-    return max(1, cpu_count // max(1, local_ranks) - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +152,7 @@ def _span(mid: Predicted, *ends: Predicted) -> Predicted:
     return replace(
         mid,
         step_ms=widen("step_ms"),
+        mean_step_ms=widen("mean_step_ms"),
         samples_per_s=widen("samples_per_s"),
         usd_per_million_samples=widen("usd_per_million_samples"),
         usd_per_million_tokens=widen("usd_per_million_tokens"),
@@ -333,18 +330,28 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
 
 
 def _fewer(ctx: AdviceContext, w0: int) -> None:
-    """More workers than Lightning's bound: they share the rank's CPUs with the training and each other."""
+    """More workers than Lightning's bound: they share the rank's CPUs with the training and each other. The
+    number is the account's: the whole CPUs per rank spare for workers, within the bound (0: the main
+    process loads, where the training leaves no CPU spare). No gain is predicted (the loading's CPU work is
+    the same however many workers share it, and how much the extra workers slowed the training is not in
+    the record), so it is not a recommendation: the report's and `show`'s findings carry it too
+    (tuneup/analyze/findings.py, too_many_workers)."""
     o = ctx.observation
     cpus = o.cpu_count or 1
     cap = lightning_max_workers(cpus, o.ranks_per_node)
+    account = _account(ctx, w0)
+    target = min(cap, math.floor(account.spare + CORE_SLACK))
+    python, _ = code.dataloader_args({"num_workers": target})
     ctx.skip(
-        f"num_workers {w0} → {cap}",
-        f"use fewer workers: num_workers={w0} is above Lightning's bound of {cap} (max(1, {cpus} CPUs // "
-        f"{o.ranks_per_node} local rank(s) − 1)); {_account(ctx, w0).sentence()}. Workers beyond the CPUs take "
-        "turns on them with the training, and each holds a copy of the Dataset and its prefetched batches: set "
-        f"DataLoader(num_workers={cap}). No speed-up is predicted (the loading's CPU work is the same however "
-        "many workers share it, and how much the extra workers slowed the training is not in the record): "
-        "compare the runs with `tuneup compare`",
+        f"num_workers {w0} → {target}",
+        f"too many workers: num_workers={w0} is above Lightning's bound of {cap} (max(1, {cpus} CPUs // "
+        f"{o.ranks_per_node} local rank(s) − 1)); {account.sentence()}, so {target} worker(s)"
+        + (" (the main process loads)" if target == 0 else "")
+        + ". Workers beyond the CPUs take turns on them with the training, and each holds a copy of the "
+        f"Dataset and its prefetched batches. Not a recommendation only because no speed-up can be predicted "
+        "(the loading's CPU work is the same however many workers share it, and how much the extra workers "
+        f"slowed the training is not in the record): apply `{python.splitlines()[-1]}`, rerun, and compare the "
+        "runs with `tuneup compare`",
     )
 
 

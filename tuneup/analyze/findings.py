@@ -50,6 +50,12 @@ MAX_SLOW_PERIOD_FINDINGS = 3
 MAX_CONTENDED_HOSTS_NAMED = 3
 
 
+def lightning_max_workers(cpu_count: int, local_ranks: int) -> int:
+    """Lightning's `suggested_max_num_workers`: max(1, CPUs // local ranks − 1). More loader workers than
+    this take turns on the CPUs with the training (and each other)."""
+    return max(1, cpu_count // max(1, local_ranks) - 1)
+
+
 def findings(
     run: RunInfo,
     warmup: Warmup,
@@ -160,6 +166,7 @@ def findings(
                 )
             )
     out.extend(_contention_findings(telemetry))
+    out.extend(_worker_findings(run, data_loader))
     out.extend(_slow_period_findings(step_time))
     out.extend(_noise_findings(step_time))
     out.extend(_communication_findings(communication))
@@ -219,6 +226,29 @@ def _missing_hosts(run: RunInfo) -> str:
             "Copy their rank-* directories into this one, or record to a path every node shares"
         )
     return f" ({where})"
+
+
+def _worker_findings(run: RunInfo, loader: DataLoading) -> list[Finding]:
+    """More DataLoader workers than the host's CPUs allow (a DataModule's num_workers=16 on 2 CPUs): said
+    where the user looks, whatever the advice can predict of it."""
+    workers, cpus = loader.num_workers, run.hardware.cpu_count
+    if not workers or not cpus:
+        return []
+    local_ranks = max(1, run.world_size // max(1, run.num_nodes))
+    bound = lightning_max_workers(cpus, local_ranks)
+    if workers <= bound:
+        return []
+    return [
+        Finding(
+            "too_many_workers",
+            "warning",
+            f"num_workers={workers} on {cpus} CPU(s) for {local_ranks} rank(s): more loader workers than CPUs",
+            f"Lightning's bound is max(1, {cpus} CPUs // {local_ranks} local rank(s) − 1) = {bound} worker(s) per "
+            f"rank. The {workers} workers take turns on the CPUs with the training, and each holds a copy of the "
+            f"Dataset and its prefetched batches: set `DataLoader(num_workers={bound})` at most (`tuneup advise` "
+            "names the number the CPUs the run left allow: 0 where none were spare).",
+        )
+    ]
 
 
 def _contention_findings(telemetry: Telemetry) -> list[Finding]:
