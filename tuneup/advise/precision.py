@@ -65,7 +65,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     proposed = ctx.predict(replace(ctx.setting, precision="bf16-mixed"), compute_scale=scale)
     evidence = [
         f"{spec.name}: dense peak {bf16:g} TFLOP/s in bf16 against {fp32:g} in fp32",
-        f"compute {o.forward_ms + o.backward_ms:.1f} ms of the {o.step_median_ms:.1f} ms step"
+        f"compute {o.forward_ms + o.backward_ms:.1f} ms of the {o.step_mean_ms:.1f} ms mean step (means both)"
         + (f"; MFU {o.mfu:.0%} of the fp32 peak" if o.mfu is not None else ""),
         f"predicted compute x{scale.value:.2f} (between x{scale.low:.3f}, the peaks' ratio, and x{scale.high:.2f}, "
         "memory-bound)",
@@ -132,13 +132,16 @@ def _cpu(ctx: AdviceContext, precision: str) -> list[Recommendation]:
     if precision not in _BF16:
         if o.cpu_bf16:
             return _cpu_bf16(ctx, hardware)
-        why = (
-            "so bf16 autocast would be emulated, over 2x slower (pytorch #86270)"
-            if o.cpu_bf16 is False
-            else "and without it bf16 autocast is emulated, over 2x slower (pytorch #86270); if `lscpu` lists "
-            "avx512_bf16 or amx_bf16, measure precision='bf16-mixed' against this run"
-        )
-        ctx.skip("precision", f"a CPU run in {o.precision or '32-true'}, and {hardware}, {why}: keep it")
+        current = o.precision or "32-true"
+        if o.cpu_bf16 is False:
+            why = f"so bf16 autocast would be emulated, over 2x slower (pytorch #86270): keep {current}"
+        else:
+            why = (
+                "without which bf16 autocast is emulated, over 2x slower (pytorch #86270): keep "
+                f"{current}, and if `lscpu` lists avx512_bf16 or amx_bf16, measure precision='bf16-mixed' against "
+                "this run"
+            )
+        ctx.skip("precision", f"a CPU run in {current}; {hardware}, {why}")
         return []
     if o.cpu_bf16:
         ctx.skip("precision", f"a CPU run in {o.precision}, and {hardware}: keep it")
@@ -147,7 +150,7 @@ def _cpu(ctx: AdviceContext, precision: str) -> list[Recommendation]:
     proposed = ctx.predict(replace(ctx.setting, precision="32-true"), compute_scale=scale)
     evidence = [
         f"the run trained in {o.precision} on a CPU, and {hardware}",
-        f"compute {o.forward_ms + o.backward_ms:.1f} ms of the {o.step_median_ms:.1f} ms step; bf16 autocast without "
+        f"compute {o.forward_ms + o.backward_ms:.1f} ms of the {o.step_mean_ms:.1f} ms mean step (means both); bf16 autocast without "
         "bf16 arithmetic is emulated, over 2x slower (pytorch #86270): 32-true compute predicted "
         f"x{scale.value:g} of it [x{scale.low:g}, x{scale.high:g}]",
     ]
