@@ -187,3 +187,19 @@ def test_goodput_carries_the_noise_scales_own_interval() -> None:
     eff_low = (6.0 + 4) / (6.0 + 8)  # at B_simple's low end
     assert q.goodput_samples_per_s.low == pytest.approx(q.samples_per_s.low * eff_low)
     assert q.goodput_samples_per_s.high == pytest.approx(q.samples_per_s.high * (60.0 + 4) / (60.0 + 8))
+
+
+def test_a_measured_gain_beyond_physics_within_noise_is_low_confidence(recorded: RunAnalysis) -> None:  # noqa: F811
+    # Lightning's CLI example, both runs on a contended host: batch 64 against 32 measured +472%, an
+    # impossible point that the runs' heavy tails still cover: recommended at most as low confidence, saying so.
+    base = gan(32, 60.0, mean_ms=99.7, median_ms=59.6, run_id="cli")
+    other = gan(64, 10.0, mean_ms=34.9, median_ms=11.9, run_id="cliab", others_cpu_share=0.47)
+    ctx = context(recorded, [base, other])
+    rec = next((r for r in batch.recommend(ctx) if r.title == "Use a per-rank batch of 64"), None)
+    if rec is not None:
+        assert rec.confidence == "low"
+        assert (
+            rec.caveats[0].startswith("the measured +471.") and "more than 2x the samples" in rec.caveats[0]
+        )
+    else:
+        assert "not credible" in considered(ctx)["batch_size 32 → 64"]

@@ -236,7 +236,23 @@ class AdviceContext:
                 )
                 self.not_credible.extend(o.run_id for o in runs)
                 return None
+            if physics is not None and rate_gain.value > physics:
+                # Within the runs' noise, but the point itself is beyond physics: the noise is in it.
+                confidence = "low"
+                caveats = [
+                    f"the measured {rate_gain.value:+.1%} is more than {physics + 1:g}x the samples per step can give "
+                    f"({physics:+.0%}, a step that does not grow): the runs' own noise ({noise:.0%}) is in it, not "
+                    "only the change's gain",
+                    *(caveats or []),
+                ]
             words = self._contention_words(runs)
+            busy = [o.run_id for o in [*self.measured_runs(self.setting), *runs] if o.contended]
+            if busy and not words:
+                settle = (
+                    f"run(s) {', '.join(busy)} ran on a host whose CPU other processes took (tuneup's contention "
+                    "warning), whose load moves their steps: rerun both settings, interleaved, on a quiet host, "
+                    "and compare them with `tuneup compare`"
+                )
             if words:
                 settle = (
                     f"a comparison of runs under different host load{words}: rerun both settings, interleaved, "
