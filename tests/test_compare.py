@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tuneup.compare.compare import compare
+from tuneup.compare.compare import compare, format_table
 from tuneup.compare.runs import load_side, summarize_run
 from tuneup.record import RankWriter, load_run, write_manifest
 
 WORKLOADS = Path(__file__).parent / "workloads"
 
 
-def synthetic_run(path: Path, step_ms: float, *, steps: int = 30, world: int = 1, model: str = "Net") -> Path:
-    """A run whose steady steps all take `step_ms` (its first step is a slow warm-up), 8 samples per rank."""
+def synthetic_run(
+    path: Path, step_ms: float, *, steps: int = 30, world: int = 1, model: str = "Net", batch: int = 8
+) -> Path:
+    """A run whose steady steps all take `step_ms` (its first step is a slow warm-up), `batch` samples per
+    rank."""
     write_manifest(
         path,
         {
@@ -30,7 +34,7 @@ def synthetic_run(path: Path, step_ms: float, *, steps: int = 30, world: int = 1
                 "precision": "32-true",
                 "accumulate_grad_batches": 1,
             },
-            "dataloader": {"batch_size": 8},
+            "dataloader": {"batch_size": batch},
             "model": {"class": model, "parameters": 1000},
         },
     )
@@ -54,7 +58,7 @@ def synthetic_run(path: Path, step_ms: float, *, steps: int = 30, world: int = 1
                     "epoch": 0,
                     "t_end": t,
                     "wall_ms": wall,
-                    "samples": 8,
+                    "samples": batch,
                     "micro_batches": 1,
                     **phases,
                 }
@@ -102,7 +106,7 @@ def test_clear_slowdown_is_a_regression_and_exits_1(tmp_path: Path) -> None:
     result = json.loads(out.with_suffix(".json").read_text())
     by_metric = {m["metric"]: m for m in result["metrics"]}
     assert by_metric["throughput"]["verdict"] == "REGRESSION"
-    assert by_metric["throughput"]["ratio"] == pytest.approx(10.0 / 12.0, rel=1e-6)
+    assert by_metric["throughput"]["ratio"] == pytest.approx(10.0 / 12.0, rel=1e-4)  # of geometric means
     assert by_metric["step time"]["verdict"] == "REGRESSION"
     assert by_metric["peak memory"]["verdict"] == "NO CHANGE"
     assert "cost_per_sample" in result["skipped"] and result["regression"] is True
@@ -166,6 +170,42 @@ def test_allow_mismatch_compares_and_says_what_differs(tmp_path: Path) -> None:
     assert (
         proc.returncode == 0 and "compared despite differences" in proc.stdout and "OtherNet" in proc.stdout
     )
+
+
+def test_runs_that_differ_in_the_setting_under_test_compare_as_printed(tmp_path: Path) -> None:
+    """The advice says 'compare the runs with `tuneup compare`'; for a batch-size recommendation that refused
+    ('workload.batch_size: 32 vs 64 ... pass --allow-mismatch'). The setting a change sets is the comparison:
+    compared, said, and step time (a step of other work) left out; the model still must match."""
+    a = synthetic_set(tmp_path / "a", [10.0, 10.3, 9.8], batch=32)
+    b = synthetic_set(tmp_path / "b", [15.0, 15.4, 14.7], batch=64)
+    proc = cli("compare", str(a), str(b))
+    assert proc.returncode == 0, proc.stderr
+    assert "the change compared: workload.batch_size: 32 vs 64" in proc.stdout
+    assert "step_time: not compared, a step does different work on each side" in proc.stdout
+    assert re.search(r"throughput\s+IMPROVEMENT", proc.stdout)
+    other = synthetic_set(tmp_path / "other", [15.0, 15.4], batch=64, model="OtherNet")
+    refused = cli("compare", str(a), str(other))
+    assert refused.returncode == 2 and "workload.model" in refused.stderr
+    assert "batch_size" not in refused.stderr  # the setting under test is no mismatch
+
+
+def test_the_table_and_the_verdict_give_one_figure_for_one_comparison(tmp_path: Path) -> None:
+    """`tuneup compare` printed 'ratio 2.398' (medians) and '141.1% higher' (geometric means) for one
+    comparison. The ratio in the table is the change the verdict states, and its interval that test's."""
+    a = synthetic_set(tmp_path / "a", [10.0, 10.1, 13.0])
+    b = synthetic_set(tmp_path / "b", [8.0, 9.5, 9.6])
+    result = compare(load_side(a), load_side(b), metrics=["throughput"])
+    (r,) = result.results
+    stated = re.search(r"throughput ([\d.]+)% higher", r.reason)
+    assert stated is not None
+    assert r.ratio == pytest.approx(1 + float(stated.group(1)) / 100, abs=0.0006)
+    assert r.baseline_mean is not None and r.candidate_mean is not None
+    assert r.candidate_mean / r.baseline_mean == pytest.approx(r.ratio)
+    assert r.ci_low is not None and r.ci_high is not None and r.ci_low <= r.ratio <= r.ci_high
+    medians = r.candidate_median / r.baseline_median  # type: ignore[operator]
+    assert abs(medians - r.ratio) > 0.01  # the case where the two estimators part
+    table = format_table(result)
+    assert f"{r.ratio:.3f}" in table and f"{medians:.3f}" not in table
 
 
 def test_baseline_save_update_and_compare_against_the_file(tmp_path: Path) -> None:

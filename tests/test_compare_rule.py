@@ -224,8 +224,8 @@ def test_clear_regression() -> None:
     r = decide("throughput", STEADY, [90.0, 91.0, 89.0, 90.5, 89.2], higher_is_better=True, unit="samples/s")
     assert r.verdict is Verdict.REGRESSION
     assert r.change == pytest.approx(0.101, abs=0.002)
-    assert r.ratio == pytest.approx(0.9)
-    assert r.ci_low is not None and r.ci_high is not None and r.ci_low <= 0.9 <= r.ci_high
+    assert r.ratio == pytest.approx(1.0 - r.change)  # one figure: the change the test tests
+    assert r.ci_low is not None and r.ci_high is not None and r.ci_low <= r.ratio <= r.ci_high
     assert r.p_worse is not None and r.p_worse < 1e-6
     assert r.p_better is not None and r.p_better > 0.99
     assert r.threshold == 0.05
@@ -265,7 +265,7 @@ def test_one_run_a_side_is_inconclusive_with_the_reason() -> None:
         "a test needs at least 2 runs a side (better 5), so no verdict"
     )
     assert (r.p_worse, r.p_better, r.ci_low, r.ci_high, r.baseline_cv) == (None, None, None, None, None)
-    assert r.ratio == 0.8
+    assert r.ratio == pytest.approx(0.8)
     one_side = decide("throughput", STEADY, [80.0], higher_is_better=True)
     assert one_side.verdict is Verdict.INCONCLUSIVE
     assert "5 runs on the baseline and 1 run on the candidate" in one_side.reason

@@ -14,6 +14,25 @@ from tuneup.report.markdown import markdown_text
 EXIT_OK = 0
 EXIT_REGRESSION = 1
 
+# The settings a tuning change sets (what `tuneup advise` recommends and `tuneup tune` tries). Runs that
+# differ only in these are the comparison the advice asks for ("compare the runs with `tuneup compare`"),
+# compared as they are and said to be the change; other differences (the hardware, the model) still need
+# --allow-mismatch. A batch-32 against a batch-64 run was refused, and the printed follow-up failed.
+CHANGE_UNDER_TEST = (
+    "workload.batch_size",
+    "workload.accumulate_grad_batches",
+    "workload.precision",
+    "workload.strategy",
+)
+# Where these differ a step does different work on each side: step time is no like-for-like figure (a batch
+# twice as large takes longer a step and may still deliver more a second), and throughput compares them.
+WORK_PER_STEP = ("workload.batch_size", "workload.accumulate_grad_batches")
+
+
+def _key(phrase: str) -> str:
+    """'workload.batch_size: 32 vs 64' -> 'workload.batch_size' (tuneup.compare.runs.mismatches)."""
+    return phrase.split(":", 1)[0]
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -23,6 +42,7 @@ class Comparison:
     results: tuple[MetricComparison, ...]
     skipped: dict[str, str] = field(default_factory=dict)  # metric -> why it was not compared
     mismatches: tuple[str, ...] = ()  # what differs between the sides, compared anyway when allowed
+    changed: tuple[str, ...] = ()  # the settings the sides differ in on purpose (CHANGE_UNDER_TEST)
 
     def count(self, verdict: Verdict) -> int:
         return sum(r.verdict == verdict for r in self.results)
@@ -56,6 +76,7 @@ class Comparison:
             "metrics": [r.as_dict() for r in self.results],
             "skipped": self.skipped,
             "mismatches": list(self.mismatches),
+            "changed": list(self.changed),
             "regression": bool(self.count(Verdict.REGRESSION)),
         }
 
@@ -79,15 +100,23 @@ def compare(
             f"a run compared with itself ({', '.join(sorted(shared))} on both sides); "
             "the candidate must be new runs"
         )
-    differs = tuple(mismatches(baseline.fingerprint, [candidate.fingerprint]))
+    every_difference = mismatches(baseline.fingerprint, [candidate.fingerprint])
+    changed = tuple(d for d in every_difference if _key(d) in CHANGE_UNDER_TEST)
+    differs = tuple(d for d in every_difference if d not in changed)
     if differs and not allow_mismatch:
         raise CompareInputError(
             "the sides ran different hardware or workloads (" + "; ".join(differs) + "); "
             "compare like with like, or pass --allow-mismatch"
         )
     results, skipped = [], {}
+    other_work = [d for d in changed if _key(d) in WORK_PER_STEP]
     for key in metrics:
         metric = METRICS[key]
+        if key == "step_time" and other_work:
+            skipped[key] = (
+                f"a step does different work on each side ({'; '.join(other_work)}); throughput compares them"
+            )
+            continue
         base = [r.value(key) for r in baseline.runs]
         cand = [r.value(key) for r in candidate.runs]
         unit = metric.unit
@@ -118,7 +147,9 @@ def compare(
                 rule=rule,
             )
         )
-    return Comparison(baseline, candidate, rule, tuple(results), skipped, differs if allow_mismatch else ())
+    return Comparison(
+        baseline, candidate, rule, tuple(results), skipped, differs if allow_mismatch else (), changed
+    )
 
 
 # -- rendering ---------------------------------------------------------------------------------------
@@ -152,8 +183,8 @@ def _rows(c: Comparison) -> list[list[str]]:
         [
             r.metric,
             r.verdict.value,
-            format_value(r.baseline_median, r.unit),
-            format_value(r.candidate_median, r.unit),
+            format_value(r.baseline_mean, r.unit),
+            format_value(r.candidate_mean, r.unit),
             f"{r.ratio:.3f}",
             _interval(r),
             _p(r.p_worse),
@@ -163,7 +194,14 @@ def _rows(c: Comparison) -> list[list[str]]:
     ]
 
 
-HEADER = ["metric", "verdict", "baseline", "candidate", "ratio", "95% CI", "p (worse)", "threshold"]
+HEADER = ["metric", "verdict", "baseline", "candidate", "ratio", "CI", "p (worse)", "threshold"]
+
+
+def _ratio_note(rule: Rule) -> str:
+    return (
+        "baseline and candidate: geometric means of the runs' figures; ratio = candidate / baseline, the "
+        f"change the test tests, with its {rule.confidence:.0%} interval (CI)"
+    )
 
 
 def _sides(c: Comparison) -> str:
@@ -180,9 +218,11 @@ def format_table(c: Comparison) -> str:
     lines.append("")
     lines.extend(f"  {r.metric}: {r.reason}" for r in c.results)
     lines.extend(f"  {metric}: not compared, {why}" for metric, why in c.skipped.items())
+    if c.changed:
+        lines.append("  the change compared: " + "; ".join(c.changed))
     if c.mismatches:
         lines.append("  compared despite differences (--allow-mismatch): " + "; ".join(c.mismatches))
-    lines.append(f"  rule: {c.rule.describe()}; ratio = candidate median / baseline median")
+    lines.append(f"  rule: {c.rule.describe()}; {_ratio_note(c.rule)}")
     return "\n".join(lines)
 
 
@@ -205,7 +245,9 @@ def format_markdown(c: Comparison) -> str:
     lines.append("")
     lines.extend(f"- {markdown_text(r.metric)}: {markdown_text(r.reason)}" for r in c.results)
     lines.extend(f"- {markdown_text(m)}: not compared, {markdown_text(why)}" for m, why in c.skipped.items())
+    if c.changed:
+        lines.append("- the change compared: " + markdown_text("; ".join(c.changed)))
     if c.mismatches:
         lines.append("- compared despite differences: " + markdown_text("; ".join(c.mismatches)))
-    lines.append(f"- rule: {markdown_text(c.rule.describe())}; ratio = candidate median / baseline median")
+    lines.append(f"- rule: {markdown_text(c.rule.describe())}; {markdown_text(_ratio_note(c.rule))}")
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
-from tuneup.compare.stats import bootstrap_ratio_of_medians, coefficient_of_variation, median, welch
+from tuneup.compare.stats import coefficient_of_variation, geometric_gain, median, welch
 
 # A test needs a variance on each side, so at least 2 runs; 5 give it useful power (see the module docs).
 MIN_RUNS_FOR_TEST = 2
@@ -50,15 +50,19 @@ class Rule:
     cv_multiplier: the threshold grows to this many times the baseline's run-to-run coefficient of
         variation where that is larger than min_effect: a change within the noise of single runs is not
         claimed, however significant the test.
-    resamples, confidence, seed: the bootstrap interval of the ratio of medians (shown, not used for the
-        verdict); resamples = 0 leaves the interval out. The seed makes the interval reproducible.
+    confidence: the interval shown for the ratio: two-sided at this level, from the test's own t on log
+        values (at 1 - 2 x alpha, 0.90, it leaves out "no change" exactly when the test in that direction
+        gives p < alpha).
+    resamples, seed: resamples = 0 leaves the interval out. (They set a bootstrap interval of the ratio of
+        medians, a second figure for the same comparison beside the test's; the interval is now the test's,
+        and `bootstrap_ratio_of_medians` is kept for callers of its own.)
     """
 
     alpha: float = 0.05
     min_effect: float = 0.05
     cv_multiplier: float = 2.0
     resamples: int = 2000
-    confidence: float = 0.95
+    confidence: float = 0.90
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -98,11 +102,13 @@ class Rule:
 class MetricComparison:
     """One metric's verdict and the figures behind it.
 
-    `change` is a signed fraction, positive = worse, from the geometric means (the quantity the test
-    tests): 1 - gm(candidate) / gm(baseline) where higher is better, gm(candidate) / gm(baseline) - 1
-    where lower is better. `ratio` and its interval use medians, which readers expect to see; with a few
-    runs a side the two differ a little. Medians, ratio and change are None only when a side has no runs;
-    the interval and the p-values when a side has fewer than 2 (or, for the interval, resamples = 0).
+    One comparison, one figure: `ratio` is gm(candidate) / gm(baseline), the ratio of the geometric means
+    that the test on log values tests, with that test's interval, and `change` the same ratio as a signed
+    fraction, positive = worse (1 - ratio where higher is better, ratio - 1 where lower is better). The
+    table and the verdict's sentence both say it (the ratio of medians beside the geometric means' change
+    gave two figures for one comparison: 'ratio 2.398' and '141.1% higher'). The medians are kept for
+    reading. Means, medians, ratio and change are None only when a side has no runs; the interval and the
+    p-values when a side has fewer than 2 (or, for the interval, resamples = 0).
     """
 
     metric: str
@@ -112,8 +118,8 @@ class MetricComparison:
     candidate: tuple[float, ...]
     baseline_median: float | None
     candidate_median: float | None
-    ratio: float | None  # candidate median / baseline median
-    ci_low: float | None  # bootstrap interval of `ratio`
+    ratio: float | None  # candidate geometric mean / baseline geometric mean
+    ci_low: float | None  # the Welch test's interval of `ratio`, at the rule's confidence
     ci_high: float | None
     change: float | None
     p_worse: float | None  # one-sided Welch p-value on the logs: the candidate is worse
@@ -122,6 +128,8 @@ class MetricComparison:
     threshold: float  # the change (fraction) beyond which a verdict is claimed
     verdict: Verdict
     reason: str
+    baseline_mean: float | None = None  # geometric mean of the runs' figures
+    candidate_mean: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """For JSON: the verdict as its text, tuples as lists, and a figure that overflowed (only possible
@@ -247,12 +255,12 @@ def decide(
     cand = _checked(metric, "candidate", candidate)
     baseline_median = median(base) if base else None
     candidate_median = median(cand) if cand else None
-    ratio = None
-    if baseline_median is not None and candidate_median is not None:
-        ratio = candidate_median / baseline_median
     log_base = [math.log(v) for v in base]
     log_cand = [math.log(v) for v in cand]
     geometric_ratio = _geometric_ratio(log_base, log_cand) if base and cand else None
+    ratio = geometric_ratio
+    baseline_mean = _exp(math.fsum(log_base) / len(log_base)) if base else None
+    candidate_mean = _exp(math.fsum(log_cand) / len(log_cand)) if cand else None
     change = None if geometric_ratio is None else _signed_change(geometric_ratio, higher_is_better)
     baseline_cv = coefficient_of_variation(base) if len(base) >= MIN_RUNS_FOR_TEST else None
     threshold = rule.threshold(baseline_cv or 0.0)
@@ -282,6 +290,8 @@ def decide(
             threshold=threshold,
             verdict=verdict,
             reason=reason,
+            baseline_mean=baseline_mean,
+            candidate_mean=candidate_mean,
         )
 
     if len(base) < MIN_RUNS_FOR_TEST or len(cand) < MIN_RUNS_FOR_TEST:
@@ -296,10 +306,9 @@ def decide(
     assert geometric_ratio is not None and change is not None  # both sides have runs here
     p_worse, p_better = _log_test(log_base, log_cand, higher_is_better)
     ci: tuple[float, float] | tuple[None, None] = (None, None)
-    if rule.resamples > 0:
-        ci = bootstrap_ratio_of_medians(
-            base, cand, resamples=rule.resamples, confidence=rule.confidence, seed=rule.seed
-        )
+    gain = geometric_gain(base, cand, rule.confidence) if rule.resamples > 0 else None
+    if gain is not None and gain[1] is not None and gain[2] is not None:
+        ci = (1.0 + gain[1], 1.0 + gain[2])
     verdict = _verdict(change, p_worse, p_better, threshold, rule.alpha)
     alpha = f"{rule.alpha:g}"
     seen = _change_text(metric, geometric_ratio)

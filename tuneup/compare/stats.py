@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -199,6 +200,47 @@ def welch(a: Sequence[float], b: Sequence[float]) -> WelchResult:
     p_greater = student_t_sf(t, df)
     p_less = student_t_sf(-t, df)
     return WelchResult(t=t, df=df, p_b_less=p_less, p_b_greater=p_greater)
+
+
+def t_quantile(upper_tail: float, df: float) -> float:
+    """t with P(T > t) = upper_tail for Student's t with `df` degrees of freedom (0 < upper_tail < 0.5)."""
+    low, high = 0.0, 1.0
+    while student_t_sf(high, df) > upper_tail:
+        high *= 2.0
+    for _ in range(100):  # bisection: the survival function falls as t grows
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if student_t_sf(mid, df) > upper_tail else (low, mid)
+    return 0.5 * (low + high)
+
+
+def geometric_gain(
+    baseline: Sequence[float], candidate: Sequence[float], confidence: float
+) -> tuple[float, float | None, float | None] | None:
+    """(gain, low, high) of candidate over baseline as fractions (0.05 = +5%): the ratio of geometric means
+    - 1, the figure the compare rule's Welch test on logs tests, with that test's two-sided interval at
+    `confidence` (Welch-Satterthwaite degrees of freedom). The interval always holds the gain; it is None
+    with fewer than 2 values a side. None without positive values on both sides."""
+    if not baseline or not candidate or min(*baseline, *candidate) <= 0:
+        return None
+    logs_a, logs_b = [math.log(v) for v in baseline], [math.log(v) for v in candidate]
+    mean_a, mean_b = statistics.fmean(logs_a), statistics.fmean(logs_b)
+    diff = mean_b - mean_a
+    if len(logs_a) < 2 or len(logs_b) < 2:
+        return _expm1(diff), None, None
+    se2_a, se2_b = statistics.variance(logs_a) / len(logs_a), statistics.variance(logs_b) / len(logs_b)
+    se2 = se2_a + se2_b
+    if se2 == 0.0:
+        return _expm1(diff), _expm1(diff), _expm1(diff)  # neither side varies
+    # Welch-Satterthwaite, from the shares of the squared standard error (tiny variances square to 0).
+    share_a, share_b = se2_a / se2, se2_b / se2
+    df = 1.0 / (share_a * share_a / (len(logs_a) - 1) + share_b * share_b / (len(logs_b) - 1))
+    half = t_quantile((1.0 - confidence) / 2.0, df) * math.sqrt(se2)
+    return _expm1(diff), _expm1(diff - half), _expm1(diff + half)
+
+
+def _expm1(x: float) -> float:
+    """expm1 that gives inf instead of raising: a log ratio beyond 709 comes only from absurd inputs."""
+    return math.inf if x > 709.0 else math.expm1(x)
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float:

@@ -183,11 +183,8 @@ def gain_text(objective: Objective, result: Mapping[str, Any]) -> str | None:
 def _interval_note(result: Mapping[str, Any]) -> str:
     """What the gain's interval is: as the session stored it; a session saved before it stored that had
     the bootstrap interval of the ratio of medians."""
-    from tuneup.compare.rule import Rule
-
-    return str(
-        result.get("gain_interval") or f"{Rule().confidence:.0%} bootstrap interval of the ratio of medians"
-    )
+    # Those sessions used the compare rule's confidence of the time, 95%.
+    return str(result.get("gain_interval") or "95% bootstrap interval of the ratio of medians")
 
 
 def _plain(value: object) -> str:

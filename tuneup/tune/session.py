@@ -12,17 +12,16 @@
 
 from __future__ import annotations
 
-import math
 import os
-import statistics
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tuneup.compare.rule import Rule
+from tuneup.compare.stats import geometric_gain
 from tuneup.record.schema import ENV_RUN_DIR
 from tuneup.tune.objective import Objective
 from tuneup.tune.protocol import ENV_SESSION, ENV_TRIAL, StopRule, TrialSpec
@@ -100,44 +99,6 @@ def measure(trial: Trial, run_dir: Path) -> str | None:
     trial.b_noise = analysis.noise_scale.b_simple if analysis.noise_scale is not None else None
     trial.optimizer_steps_per_step = optimizer_steps_per_step(run)
     return analysis.run.namespace
-
-
-def _t_quantile(upper_tail: float, df: float) -> float:
-    """t with P(T > t) = upper_tail for Student's t with `df` degrees of freedom (0 < upper_tail < 0.5)."""
-    from tuneup.compare.stats import student_t_sf
-
-    low, high = 0.0, 1.0
-    while student_t_sf(high, df) > upper_tail:
-        high *= 2.0
-    for _ in range(100):  # bisection: the survival function falls as t grows
-        mid = 0.5 * (low + high)
-        low, high = (mid, high) if student_t_sf(mid, df) > upper_tail else (low, mid)
-    return 0.5 * (low + high)
-
-
-def geometric_gain(
-    baseline: Sequence[float], candidate: Sequence[float], confidence: float
-) -> tuple[float, float | None, float | None] | None:
-    """(gain, low, high) of candidate over baseline as fractions (0.05 = +5%): the ratio of geometric means
-    - 1, the figure the compare rule's Welch test on logs tests, with that test's two-sided interval at
-    `confidence` (Welch-Satterthwaite degrees of freedom). The interval always holds the gain; it is None
-    with fewer than 2 values a side. None without positive values on both sides."""
-    if not baseline or not candidate or min(*baseline, *candidate) <= 0:
-        return None
-    logs_a, logs_b = [math.log(v) for v in baseline], [math.log(v) for v in candidate]
-    mean_a, mean_b = statistics.fmean(logs_a), statistics.fmean(logs_b)
-    diff = mean_b - mean_a
-    if len(logs_a) < 2 or len(logs_b) < 2:
-        return math.expm1(diff), None, None
-    se2_a, se2_b = statistics.variance(logs_a) / len(logs_a), statistics.variance(logs_b) / len(logs_b)
-    se2 = se2_a + se2_b
-    if se2 == 0.0:
-        return math.expm1(diff), math.expm1(diff), math.expm1(diff)  # neither side varies
-    # Welch-Satterthwaite, from the shares of the squared standard error (tiny variances square to 0).
-    share_a, share_b = se2_a / se2, se2_b / se2
-    df = 1.0 / (share_a * share_a / (len(logs_a) - 1) + share_b * share_b / (len(logs_b) - 1))
-    half = _t_quantile((1.0 - confidence) / 2.0, df) * math.sqrt(se2)
-    return math.expm1(diff), math.expm1(diff - half), math.expm1(diff + half)
 
 
 def _world_size(trial: Trial | None) -> int:
