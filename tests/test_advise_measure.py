@@ -197,6 +197,7 @@ def test_a_trial_out_of_memory_is_said_and_half_the_batch_measured_instead(
     from tuneup.report import analyze
     from tuneup.tune.advise_trials import MeasureOptions, measure_for_advice
     from tuneup.tune.session import Session
+    from tuneup.tune.space import Config
     from tuneup.tune.state import INFEASIBLE, Trial
 
     base = make_run(tmp_path / "base", steps=60)  # batch 8 on one rank
@@ -204,9 +205,14 @@ def test_a_trial_out_of_memory_is_said_and_half_the_batch_measured_instead(
     asked: list[int | None] = []
 
     def run_trial(self: Session, config: Any, role: str, predicted: Any = None) -> Trial:
-        asked.append(config.batch_size)
-        trial = Trial(index=len(self.trials), name=role, config=config, role=role, run_dir=str(half))
-        if config.batch_size == 16:
+        asked.append(None if config is None else config.batch_size)
+        run = base if config is None else half  # None: the baseline's rerun after the trials
+        trial = Trial(
+            index=len(self.trials), name=role, config=config or Config(), role=role, run_dir=str(run)
+        )
+        if config is None:
+            trial.step_ms, trial.observation = 10.0, observe(analyze(base))
+        elif config.batch_size == 16:
             trial.status, trial.reason = INFEASIBLE, "out of memory: rank 0 raised OutOfMemoryError"
         else:
             trial.step_ms, trial.observation = 6.0, observe(analyze(half))
@@ -218,12 +224,88 @@ def test_a_trial_out_of_memory_is_said_and_half_the_batch_measured_instead(
     measured = measure_for_advice(
         ["python", "train.py"], [(str(base), analyze(base))], MeasureOptions(out=tmp_path / "m"), said.append
     )
-    assert asked == [16, 4]  # twice the batch, then half once twice ran out of memory
-    assert [t.status for t in measured.trials] == ["infeasible", "ok"]
-    assert [a.run.run_id for a in measured.analyses] == ["r1", "b4"]
+    assert asked == [
+        16,
+        4,
+        None,
+    ]  # twice the batch, then half once twice ran out of memory; the baseline again
+    assert [t.status for t in measured.trials] == ["infeasible", "ok", "ok"]
+    assert [a.run.run_id for a in measured.analyses] == ["r1", "b4", "r1"]
     assert any("infeasible: out of memory" in line for line in said)
     assert any(line.startswith("next, instead: batch 4 per rank") for line in said)
-    assert measured.notes == []  # the model is fitted: nothing left blind
+    # The model is fitted: nothing left blind; the bracket is said, and the baseline did not move.
+    (note,) = measured.notes
+    assert note.startswith("the baseline ran before and after the trials (A B ... A)") and "(+0%)" in note
+
+
+def test_the_trials_are_bracketed_by_a_rerun_of_the_baseline_and_its_drift_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial run in a quiet moment measured 28x the baseline's samples/s: the trials ran one after another
+    after the baseline, so a busy host's load moved them against it. The baseline runs again after the
+    trials, within --max-trials, and the fit takes both of its runs; how far it moved is said."""
+    from tuneup.advise.observe import observe
+    from tuneup.report import analyze
+    from tuneup.tune.advise_trials import MeasureOptions, measure_for_advice
+    from tuneup.tune.session import Session
+    from tuneup.tune.space import Config
+    from tuneup.tune.state import Trial
+
+    base = make_run(tmp_path / "base", steps=60)  # batch 8, 10 ms a step
+    double = _run_at_batch(tmp_path / "double", 16)
+    faster = _run_at_batch(tmp_path / "again", 8)  # the baseline again, 8 ms a step: the host sped up
+    order: list[int | None] = []
+
+    def run_trial(self: Session, config: Any, role: str, predicted: Any = None) -> Trial:
+        order.append(None if config is None else config.batch_size)
+        run = faster if config is None else double
+        trial = Trial(
+            index=len(self.trials), name=role, config=config or Config(), role=role, run_dir=str(run)
+        )
+        trial.step_ms, trial.observation = 8.0, observe(analyze(run))
+        self.trials.append(trial)
+        return trial
+
+    monkeypatch.setattr(Session, "run_trial", run_trial)
+    said: list[str] = []
+    options = MeasureOptions(out=tmp_path / "m", max_trials=2)
+    measured = measure_for_advice(["python", "train.py"], [(str(base), analyze(base))], options, said.append)
+    assert order == [16, None]  # A (given) B A
+    assert [a.run.run_id for a in measured.analyses] == ["r1", "b16", "b8"]
+    assert any("the baseline's rerun, A B ... A" in line for line in said)  # said before it ran
+    (drift,) = [n for n in measured.notes if n.startswith("the baseline ran before and after")]
+    assert "10.0 ms a step before, 8.0 ms after (-20%)" in drift and "the host's speed moved" in drift
+    # With one trial allowed there is no room for the rerun: said, not hidden.
+    order.clear()
+    one = measure_for_advice(
+        ["python", "train.py"], [(str(base), analyze(base))], MeasureOptions(out=tmp_path / "m1", max_trials=1),
+        said.append,
+    )  # fmt: skip
+    assert order == [16] and any("the baseline was not rerun" in n for n in one.notes)
+
+
+def test_a_trial_on_a_contended_host_against_a_quiet_baseline_is_said() -> None:
+    from tuneup.tune.advise_trials import TrialResult, drift_notes
+    from tuneup.tune.state import OK
+
+    busy = "other processes took 77% of the CPU of host vm while it ran"
+
+    def result(label: str, contended: str | None) -> TrialResult:
+        return TrialResult(label, OK, None, Path("r"), 7.0, 134.8, contended, 64)
+
+    rerun = TrialResult("the baseline, rerun after the trials", OK, None, Path("a"), 60.0, None, None)
+    quiet_trial = drift_notes(59.6, busy, [result("batch 64", None)], replace_contended(rerun, busy))
+    assert any("batch 64 ran on a quiet host and the baseline on a contended one" in n for n in quiet_trial)
+    busy_trial = drift_notes(59.6, None, [result("batch 64", busy)], rerun)
+    assert any("batch 64 ran on a contended host and the baseline did not" in n for n in busy_trial)
+    alike = drift_notes(59.6, busy, [result("batch 64", busy)], replace_contended(rerun, busy))
+    assert not any("contended" in n for n in alike)
+
+
+def replace_contended(result: Any, contended: str) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(result, contended=contended)
 
 
 def test_one_rank_is_asked_of_a_lightningcli_script_started_directly_only() -> None:
@@ -297,16 +379,17 @@ def test_measure_on_two_ranks_runs_a_second_batch_size_and_advises_from_a_fitted
     model = advice["model"]
     assert model["compute_prior"] is None  # fitted, not AdaptDL's prior
     assert model["batch_sizes"] == [16, 32] and model["world_sizes"] == [2]
-    assert len(advice["runs"]) == 2
+    assert len(advice["runs"]) == 3  # the baseline, batch 32, the baseline again (A B A)
     # What it ran was said before it ran, and why interference stays unmeasured (a plain script's devices).
     assert "batch 32 per rank on 2 ranks" in proc.stderr and "s in all" in proc.stderr
     assert any("interference cannot be measured here" in n for n in advice["notes"])
     measured = [n for n in advice["notes"] if n.startswith("measured for this advice")]
-    assert len(measured) == 2
+    assert len(measured) == 3
+    assert any(n.startswith("the baseline ran before and after the trials") for n in advice["notes"])
     # The trials' runs are kept, and `tuneup advise` takes them again.
     state = json.loads((out / "tune.json").read_text())
     runs = [str(out / t["run_dir"]) for t in state["trials"]]
-    assert [t["config"].get("batch_size") for t in state["trials"]] == [16, 32]
+    assert [t["config"].get("batch_size") for t in state["trials"]] == [16, 32, 16]
     assert "tuneup advise " + " ".join(runs) in proc.stderr
     assert main(["advise", *runs, "--no-whatif", "--format", "json"]) == 0
     deadline = time.monotonic() + 10

@@ -85,7 +85,7 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
     advise.set_defaults(func=run)
 
 
-MEASURE_TRIALS = 3  # trials --measure may run, the baseline not counted: the two that identify, one more
+MEASURE_TRIALS = 3  # trials --measure may run, the baseline not counted: the two that identify, its rerun
 
 
 def _add_measure_arguments(advise: argparse.ArgumentParser) -> None:
@@ -108,7 +108,8 @@ def _add_measure_arguments(advise: argparse.ArgumentParser) -> None:
         "--max-trials",
         metavar="N",
         type=int,
-        help=f"measuring trials, the baseline not counted (default: {MEASURE_TRIALS})",
+        help="trials after the baseline: the measuring trials and, with 2 or more, the baseline's rerun after "
+        f"them (A B ... A), so that a change of the host's load common to both cancels (default: {MEASURE_TRIALS})",
     )
     for flag, help_text, default in (
         ("--trial-steps", TRIAL_STEPS_HELP, stop.max_steps),

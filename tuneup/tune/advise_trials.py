@@ -6,6 +6,12 @@ A second batch size reaches the script as `tuneup tune`'s does (a LightningCLI o
 through the environment). A one-rank run needs the command's world size changed, which only a LightningCLI
 script launched directly takes (`--trainer.devices=1` after the user's own arguments); for any other command
 the plan says so and measures what it can.
+
+The trials are bracketed by the baseline: the command as it is runs before them (or is the run given) and
+again after them (A B ... A), within --max-trials (the rerun is one of them), so that a drift of the host's
+speed common to the trials and the baseline cancels in the fit, which takes both baseline runs; how far the
+baseline moved, and a trial measured on a contended host against a quiet baseline (or the reverse), are
+said in the notes. On a shared host a trial run in a quiet moment measured 28x the baseline's samples/s.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ LAUNCHERS = frozenset({"torchrun", "srun", "mpirun", "mpiexec", "deepspeed", "ac
 # Where a run recorded no start-up time (older records): about what importing torch and Lightning and
 # starting the ranks takes.
 DEFAULT_STARTUP_S = 30.0
+# The baseline's two runs (before and after the trials) apart by more than this: the host's speed moved
+# during the measuring, and a trial's figure may be off by as much, which the notes say.
+DRIFT_NOTE = 0.10
+RERUN_LABEL = "the baseline, rerun after the trials"
 
 
 class MeasureError(Exception):
@@ -198,6 +208,70 @@ def _run_baseline(session: Session, say: Callable[[str], None]) -> tuple[Any, Tr
     return analysis, TrialResult("the baseline", OK, None, run_dir, trial.step_ms, None, busy)
 
 
+def _rerun_baseline(session: Session, say: Callable[[str], None]) -> tuple[Any, TrialResult]:
+    """The command as it is, again after the trials: (its RunAnalysis or None, its result)."""
+    say("running your command as it is again (the baseline's rerun, after the trials)")
+    trial = session.run_trial(None, "baseline-rerun")
+    run_dir = session.tune_dir / str(trial.run_dir)
+    result = TrialResult(RERUN_LABEL, trial.status, trial.reason, run_dir, trial.step_ms, None)
+    if trial.status != OK:
+        say(f"the baseline's rerun {trial.status}: {trial.reason}")
+        return None, result
+    analysis = _analyze(run_dir)
+    busy = contention(analysis)
+    say(f"baseline rerun: {trial.step_ms:.1f} ms a step ({run_dir})" + (f"; caution: {busy}" if busy else ""))
+    return analysis, replace(result, contended=busy)
+
+
+def drift_notes(
+    base_step_ms: float | None,
+    base_busy: str | None,
+    trials: Sequence[TrialResult],
+    rerun: TrialResult | None,
+) -> list[str]:
+    """What the bracket says of the measuring: how far the baseline moved between its runs, and each trial
+    that ran on a contended host while neither baseline run did, or on a quiet one while both were
+    contended (its step time then is not comparable with the baseline's)."""
+    notes: list[str] = []
+    measured = [t for t in trials if t.status == OK]
+    if not measured:
+        return notes
+    rerun_ok = rerun is not None and rerun.status == OK and rerun.step_ms is not None
+    if rerun_ok and base_step_ms:
+        assert rerun is not None and rerun.step_ms is not None
+        moved = rerun.step_ms / base_step_ms - 1.0
+        line = (
+            f"the baseline ran before and after the trials (A B ... A), and the fit takes both runs, so that a "
+            f"change of the host's speed common to them cancels: {base_step_ms:.1f} ms a step before, "
+            f"{rerun.step_ms:.1f} ms after ({moved:+.0%})"
+        )
+        if abs(moved) > DRIFT_NOTE:
+            line += (
+                "; the host's speed moved during the measuring, so a trial's step time may be off by as much: "
+                "take the intervals, not the points"
+            )
+        notes.append(line)
+    elif rerun is None:
+        notes.append(
+            "the baseline was not rerun after the trials (--max-trials 1 leaves no room for it): a change of the "
+            "host's load between the baseline and the trials is not cancelled; --max-trials 2 or more reruns it"
+        )
+    baseline_busy = [b for b in (base_busy, rerun.contended if rerun_ok and rerun else None) if b]
+    baseline_runs = 2 if rerun_ok else 1
+    for t in measured:
+        if t.contended and not baseline_busy:
+            notes.append(
+                f"{t.label} ran on a contended host and the baseline did not: its step time is slower than the "
+                "setting's own, and the comparison favours the baseline"
+            )
+        elif not t.contended and len(baseline_busy) == baseline_runs:
+            notes.append(
+                f"{t.label} ran on a quiet host and the baseline on a contended one: its step time is faster than "
+                "the baseline's would be on the same host, and the comparison favours the trial"
+            )
+    return notes
+
+
 def measure_for_advice(
     command: Sequence[str],
     given: Sequence[tuple[str, Any]],
@@ -246,13 +320,24 @@ def measure_for_advice(
     blocked = one_rank_blocked(script, base) if base.world_size > 1 else None
     one_rank_script = replace(script, argv=(*script.argv, ONE_RANK_OVERRIDE))
     failed: list[NotMeasured] = []
-    plan = plan_trials(observations, max_trials=options.max_trials, one_rank_blocked=blocked)
+    # The rerun of the baseline after the trials is one of --max-trials; with only one, the trial runs alone.
+    measuring = options.max_trials - 1 if options.max_trials > 1 else 1
+    plan = plan_trials(observations, max_trials=measuring, one_rank_blocked=blocked)
     for line in describe_plan(plan, _startup_s(analyses[0]), options.stop.max_steps):
         say(line)
     if plan.trials:
         say(f"trial directories: {tune_dir / TRIALS_DIR}")
+    if plan.trials:
+        say(
+            "then your command as it is again (the baseline's rerun, A B ... A), so that a change of the host's "
+            "load common to the trials and the baseline cancels"
+            if options.max_trials > 1
+            else "the baseline is not rerun after the trial (--max-trials 1): a change of the host's load "
+            "between them is not cancelled"
+        )
     ran = 0
-    while plan.trials and ran < options.max_trials:
+    spent: str | None = None
+    while plan.trials and ran < measuring:
         planned = plan.trials[0]
         ran += 1
         session.script = one_rank_script if planned.world_size != base.world_size else script
@@ -275,19 +360,30 @@ def measure_for_advice(
             failed.append(not_measured)
         results.append(result)
         remaining = [(t.batch_size, t.world_size) for t in plan.trials[1:]]
-        left = options.max_trials - ran
+        left = measuring - ran
         plan = plan_trials(observations, max_trials=max(1, left), one_rank_blocked=blocked, failed=failed)
         if left == 0 and plan.trials:
-            notes = [
-                f"--max-trials {options.max_trials} is spent; the model stays blind to "
+            spent = (
+                f"--max-trials {options.max_trials} is spent"
+                + (" (one of them the baseline's rerun)" if options.max_trials > 1 else "")
+                + "; the model stays blind to "
                 + " and ".join(short_blind(k) for k in plan.blind)
-            ]
-            return Measurement(analyses, run_dirs, results, notes, tune_dir)
+            )
+            break
         if plan.trials and [(t.batch_size, t.world_size) for t in plan.trials] != remaining:
             say("next, instead: " + "; ".join(f"{t.label()} ({t.purpose})" for t in plan.trials))
+    trials_run = list(results[1:] if not given else results)
+    rerun: TrialResult | None = None
+    if options.max_trials > 1 and any(t.status == OK for t in trials_run):
+        rerun_analysis, rerun = _rerun_baseline(session, say)
+        results.append(rerun)
+        if rerun_analysis is not None:
+            analyses.append(rerun_analysis)
+            run_dirs.append(str(rerun.run_dir))
     if ran == 0 and not any(tune_dir.iterdir()):
         tune_dir.rmdir()  # nothing was run: no empty directory left behind
-    notes = list(plan.notes)
-    if plan.blind and not plan.trials and not notes:
+    notes = [spent] if spent is not None else list(plan.notes)
+    if spent is None and plan.blind and not plan.trials and not notes:
         notes.insert(0, "the model stays blind to " + " and ".join(short_blind(k) for k in plan.blind))
+    notes.extend(drift_notes(analyses[0].step_time.mean_ms, contention(analyses[0]), trials_run, rerun))
     return Measurement(analyses, run_dirs, results, notes, tune_dir)
