@@ -184,7 +184,9 @@ def test_more_workers_than_cpus_is_a_finding_with_the_code(starved: RunAnalysis)
 
 
 def test_other_processes_on_the_cores_make_it_a_measurement_not_advice(starved: RunAnalysis) -> None:
-    a = with_host(starved, cpus=2, env={})
+    # The main process kept a whole CPU busy while it loaded: the loading is CPU work, and a worker would
+    # take its CPU from the training on a host where other processes took the second one.
+    a = process_cpu(with_host(starved, cpus=2, env={}), 100.0)
     busy = (
         dataclasses.replace(
             starved.telemetry.cpu_contention[0], cores=2, others_percent_mean=50.0, contended=True
@@ -200,6 +202,22 @@ def test_other_processes_on_the_cores_make_it_a_measurement_not_advice(starved: 
     reason = next(r for k, r in knobs(ctx).items() if k.startswith("num_workers 0 → 1"))
     # Loading and training take turns on the one free core: the interval reaches below no gain.
     assert "[-" in reason
+
+
+def test_loading_that_waits_gets_its_worker_on_a_busy_host(starved: RunAnalysis) -> None:
+    # The same host with other processes on half its CPUs, but a loader that sleeps (collate waits 20 ms,
+    # as storage would) and a process that kept 0.3 CPU busy: a waiting worker takes no CPU from the
+    # training, so it is recommended (the data-starved loop test on a loaded machine was told "1 worker
+    # would compete" and got nothing).
+    if not starved.telemetry.cpu_contention:
+        pytest.skip("the run recorded no host telemetry")
+    a = process_cpu(with_host(starved, cpus=2, env={}), 30.0)
+    busy = dataclasses.replace(
+        starved.telemetry.cpu_contention[0], cores=2, others_percent_mean=75.0, contended=True
+    )
+    a = dataclasses.replace(a, telemetry=dataclasses.replace(a.telemetry, cpu_contention=[busy]))
+    (rec,) = data_loading.recommend(context(a))
+    assert rec.id == "data_loading.num_workers" and "compete" not in " ".join(rec.caveats)
 
 
 def test_negligible_data_wait_gets_no_workers(starved: RunAnalysis) -> None:

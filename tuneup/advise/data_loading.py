@@ -25,7 +25,8 @@ yet), else as many as torch's intra-op threads (OMP_NUM_THREADS where recorded, 
 account of those figures (`CpuAccount`) is quoted by every outcome. Where the workers would have no CPU
 spare, a CPU run with whole CPUs to share gets fewer intra-op threads to give the workers theirs; else
 the workers compete with the training: a worker that wakes up preempts a compute thread (on CPU, an
-OpenMP barrier then waits for it). The interval's low end runs only the workers that have a core
+OpenMP barrier then waits for it). Loading that waits rather than computes (the main process loaded with
+num_workers=0 and kept less than one CPU busy: storage, network, a sleep) competes for nothing. The interval's low end runs only the workers that have a core
 (d(w_eff)); with none, the loading and the training take turns on the same cores and the low end is no
 gain at all. Where that is so the figure quoted is the middle of the two ends and the confidence is low.
 More workers than Lightning's bound are told to use fewer (they take turns on the CPUs with the
@@ -224,7 +225,9 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         proposed = _span(ctx.predict(setting, data_ms_per_sample=wait(w) / b), low)
         competes = False
     else:
-        w_eff = min(float(w), max(0.0, free - main))
+        # Workers whose loading waits (storage, a sleep, the network) rather than computes need no core of
+        # their own: only CPU-bound loading competes with the training for the rank's CPUs.
+        w_eff = min(float(w), max(0.0, free - main)) if cpu_loading else float(w)
         competes = w_eff < w
         high = ctx.predict(setting, data_ms_per_sample=wait(w) / b)
         if not competes and cpu_loading and w + main >= cores:
