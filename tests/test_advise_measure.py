@@ -274,7 +274,7 @@ def test_the_trials_are_bracketed_by_a_rerun_of_the_baseline_and_its_drift_is_sa
     assert [a.run.run_id for a in measured.analyses] == ["r1", "b16", "b8"]
     assert any("the baseline's rerun, A B ... A" in line for line in said)  # said before it ran
     (drift,) = [n for n in measured.notes if n.startswith("the baseline ran before and after")]
-    assert "10.0 ms a step before, 8.0 ms after (-20%)" in drift and "the host's speed moved" in drift
+    assert "10.0 ms mean step before, 8.0 ms after (-20%)" in drift and "the host's speed moved" in drift
     # With one trial allowed there is no room for the rerun: said, not hidden.
     order.clear()
     one = measure_for_advice(

@@ -324,7 +324,7 @@ def _trial_note(trial: Any) -> str:
     )
     caution = f"; caution: {trial.contended}" if trial.contended else ""
     return (
-        f"measured for this advice: {trial.label}, {trial.step_ms:.1f} ms a step{predicted}: {trial.run_dir}"
+        f"measured for this advice: {trial.label}, {trial.step_ms:.1f} ms mean step{predicted}: {trial.run_dir}"
         f"{caution}"
     )
 

@@ -202,7 +202,7 @@ def _run_baseline(session: Session, say: Callable[[str], None]) -> tuple[Any, Tr
     analysis = _analyze(run_dir)
     busy = contention(analysis)
     say(
-        f"baseline: {trial.step_ms:.1f} ms a step, {trial.samples_per_s or 0:,.1f} samples/s ({run_dir})"
+        f"baseline: {trial.step_ms:.1f} ms mean step, {trial.samples_per_s or 0:,.1f} samples/s ({run_dir})"
         + (f"; caution: {busy}" if busy else "")
     )
     return analysis, TrialResult("the baseline", OK, None, run_dir, trial.step_ms, None, busy)
@@ -219,7 +219,10 @@ def _rerun_baseline(session: Session, say: Callable[[str], None]) -> tuple[Any, 
         return None, result
     analysis = _analyze(run_dir)
     busy = contention(analysis)
-    say(f"baseline rerun: {trial.step_ms:.1f} ms a step ({run_dir})" + (f"; caution: {busy}" if busy else ""))
+    say(
+        f"baseline rerun: {trial.step_ms:.1f} ms mean step ({run_dir})"
+        + (f"; caution: {busy}" if busy else "")
+    )
     return analysis, replace(result, contended=busy)
 
 
@@ -242,7 +245,7 @@ def drift_notes(
         moved = rerun.step_ms / base_step_ms - 1.0
         line = (
             f"the baseline ran before and after the trials (A B ... A), and the fit takes both runs, so that a "
-            f"change of the host's speed common to them cancels: {base_step_ms:.1f} ms a step before, "
+            f"change of the host's speed common to them cancels: {base_step_ms:.1f} ms mean step before, "
             f"{rerun.step_ms:.1f} ms after ({moved:+.0%})"
         )
         if abs(moved) > DRIFT_NOTE:
@@ -352,7 +355,7 @@ def measure_for_advice(
             predicted = f" (predicted {planned.step_ms:.1f} ms)" if planned.step_ms is not None else ""
             caution = f"; caution: {result.contended}" if result.contended else ""
             say(
-                f"[{ran}] {planned.label()}: {result.step_ms:.1f} ms a step{predicted} ({result.run_dir}){caution}"
+                f"[{ran}] {planned.label()}: {result.step_ms:.1f} ms mean step{predicted} ({result.run_dir}){caution}"
             )
         else:
             say(f"[{ran}] {planned.label()}: {result.status}: {result.reason}")
