@@ -72,7 +72,7 @@ def test_multi_rank_with_one_trial_measures_the_batch_first_and_says_what_is_lef
     plan = plan_trials([ddp(16)], max_trials=1)
     assert planned(plan) == [(2, 32)]
     assert plan.left_blind == (INTERFERENCE,)
-    assert any("--max-trials 1" in n for n in plan.notes)
+    assert any("within 1 measuring trial(s)" in n for n in plan.notes)
 
 
 def test_a_command_whose_world_size_is_fixed_gets_a_second_batch_size_and_the_reason() -> None:

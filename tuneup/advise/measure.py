@@ -206,7 +206,7 @@ def plan_trials(
         every = [_stand_in(base, t.world_size, t.batch_size) for t in candidates]
         if len(blind_to([*observations, *every])) < len(best_blind):
             notes.append(
-                f"within --max-trials {max_trials} the model stays blind to "
+                f"within {max_trials} measuring trial(s) the model stays blind to "
                 + " and ".join(short_blind(k) for k in best_blind)
                 + f"; {len(candidates)} trials would measure more"
             )
