@@ -111,6 +111,21 @@ def test_the_step_time_of_a_sampled_run_is_the_step_time_of_all_its_steps(tmp_pa
     assert analysis.step_time.mean_ms == pytest.approx(every_step_ms, rel=0.01)
 
 
+def test_a_long_runs_step_time_and_rate_count_every_step_not_its_dense_first_thousand(tmp_path: Path) -> None:
+    # 1,000 steps of 5 ms, then 2,000 of 10 ms of which one in 101 is kept: unweighted, the ~20 kept slow
+    # steps counted as 20 of ~1,020 and the mean came out near 5 ms; every step's mean is 8.33 ms.
+    walls = [5.0] * 1000 + [10.0] * 2000
+    analysis = analyze(_record(tmp_path / "run", walls))
+    every_step_ms = sum(walls[1:]) / len(walls[1:])
+    assert analysis.step_time.mean_ms == pytest.approx(every_step_ms, rel=0.02)
+    # Most of the steps are the slow ones: so is the median.
+    assert analysis.step_time.median_ms == pytest.approx(10.0, rel=0.01)
+    samples_per_step = analysis_steps(tmp_path / "run")[0].samples
+    assert analysis.throughput.samples_per_s == pytest.approx(
+        samples_per_step * 1000.0 / every_step_ms, rel=0.02
+    )
+
+
 def analysis_steps(run_dir: Path) -> list[Any]:
     from tuneup import load_run
 

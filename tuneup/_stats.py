@@ -33,3 +33,17 @@ def finite(value: float | None) -> float | None:
     """`value` as a figure: None (not measured) for None, and for NaN or infinity (a rate over a duration
     too small to divide by). The analysis keeps full precision; report.json rounds at the edge."""
     return None if value is None or not math.isfinite(value) else float(value)
+
+
+def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float) -> float:
+    """The q-quantile of `values`, each counted `weights` times (as plain `quantile` where all weigh 1)."""
+    if all(w == 1 for w in weights):
+        return quantile(sorted(values), q)
+    pairs = sorted(zip(values, weights, strict=True))
+    total = sum(weights)
+    seen = 0
+    for value, weight in pairs:
+        seen += weight
+        if seen >= q * total:
+            return value
+    return pairs[-1][0]

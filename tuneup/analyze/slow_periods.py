@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuneup._stats import quantile
+from tuneup._stats import weighted_quantile
 from tuneup.analyze.model import SlowPeriod
 from tuneup.analyze.steady import PLATEAU_MIN_STEPS, WARMUP_FACTOR
 from tuneup.record.schema import StepRecord
@@ -70,20 +70,6 @@ def _weighted(series: list[JobStep]) -> list[JobStep]:
         JobStep(s.step, s.wall_ms, s.t_end, max(1, s.step - series[i - 1].step) if i else 1)
         for i, s in enumerate(series)
     ]
-
-
-def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float) -> float:
-    """The q-quantile of `values`, each counted `weights` times (as plain `quantile` where all weigh 1)."""
-    if all(w == 1 for w in weights):
-        return quantile(sorted(values), q)
-    pairs = sorted(zip(values, weights, strict=True))
-    total = sum(weights)
-    seen = 0
-    for value, weight in pairs:
-        seen += weight
-        if seen >= q * total:
-            return value
-    return pairs[-1][0]
 
 
 def job_steps(steady: dict[int, list[StepRecord]]) -> list[JobStep]:
