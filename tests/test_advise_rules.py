@@ -64,21 +64,23 @@ def knobs(ctx: AdviceContext) -> dict[str, str]:
 
 
 def test_data_starved_run_gets_workers_with_the_printed_value(starved: RunAnalysis) -> None:
-    a = with_host(starved, cpus=2, env={"OMP_NUM_THREADS": "1"})
+    a = with_host(starved, cpus=4, env={"OMP_NUM_THREADS": "1"})
     assert a.data_loader.num_workers == 0
     ctx = context(a)
     (rec,) = data_loading.recommend(ctx)
     assert rec.id == "data_loading.num_workers"
     assert rec.gain.value >= 0.05 and rec.gain.low > 0
     (change,) = [c for c in rec.changes if c.knob == "num_workers"]
-    assert change.current == "0" and change.proposed == "1"  # 2 CPUs, 1 rank: Lightning's bound is 1
-    assert "num_workers=1" in rec.code and "num_workers: 1" in (rec.yaml or "")
-    # The predicted step: the wait falls to max(0, L/w - rest); with one worker and L > rest that is L.
+    # 4 CPUs, 1 rank: Lightning's bound is 3, and a 20 ms wait against a ~2 ms rest of the step needs them all.
+    assert change.current == "0" and change.proposed == "3"
+    assert "num_workers=3" in rec.code and "num_workers: 3" in (rec.yaml or "")
+    # The predicted step: the wait falls to max(0, L/w - rest), the rest of the step as it was.
     o = ctx.observation
     rest = o.step_mean_ms - o.data_ms
-    expected_step = max(o.data_ms, rest)
+    data = max(0.0, o.data_ms / 3 - rest)
+    expected_step = rest + data
     assert rec.predicted is not None
-    assert rec.predicted.breakdown_ms["data"] == pytest.approx(max(0.0, o.data_ms - rest), rel=1e-6)
+    assert rec.predicted.breakdown_ms["data"] == pytest.approx(data, rel=1e-6)
     assert ctx.current.samples_per_s.value * o.step_mean_ms / expected_step == pytest.approx(
         rec.predicted.samples_per_s.value, rel=0.05
     )
@@ -129,11 +131,23 @@ def test_the_same_cpus_get_the_same_reasoning_beside_a_little_contention(starved
 
 
 def test_a_process_that_left_a_cpu_idle_gets_the_worker_on_it(starved: RunAnalysis) -> None:
-    # The process used 0.8 CPU of 2: the worker has a CPU of its own, whatever the thread count says.
-    ctx = context(process_cpu(with_host(starved, cpus=2, env={}), 80.0))
+    # The process used 0.8 CPU of 4: the workers have CPUs of their own, whatever the thread count says.
+    ctx = context(process_cpu(with_host(starved, cpus=4, env={}), 80.0))
     (rec,) = data_loading.recommend(ctx)
     assert "set_num_threads" not in rec.code and rec.confidence == "medium"
-    assert any("1.2 CPU(s) per rank spare for workers" in e for e in rec.evidence)
+    assert any("3.2 CPU(s) per rank spare for workers" in e for e in rec.evidence)
+
+
+def test_one_worker_that_saves_less_than_its_hand_over_may_cost_is_measured_first(
+    starved: RunAnalysis,
+) -> None:
+    # 2 CPUs allow one worker, which hides only the ~2 ms rest of the step of a 20 ms wait: a batch's hand-over
+    # from the worker (up to WORKER_HANDOVER_MS; the accuracy benchmark's GAN lost 43% to it where the model
+    # had predicted +13.8% [+8.4, +19.5]) may cost more, so it is a measurement to make, not advice.
+    ctx = context(process_cpu(with_host(starved, cpus=2, env={}), 80.0))
+    assert data_loading.recommend(ctx) == []
+    reason = knobs(ctx)["num_workers 0 → 1"]
+    assert "hand-over" in reason and "rerun with num_workers=1" in reason
 
 
 def test_more_workers_than_cpus_are_told_to_use_fewer(starved: RunAnalysis) -> None:
@@ -205,15 +219,15 @@ def test_other_processes_on_the_cores_make_it_a_measurement_not_advice(starved: 
 
 
 def test_loading_that_waits_gets_its_worker_on_a_busy_host(starved: RunAnalysis) -> None:
-    # The same host with other processes on half its CPUs, but a loader that sleeps (collate waits 20 ms,
+    # A host with other processes on three of its four CPUs, but a loader that sleeps (collate waits 20 ms,
     # as storage would) and a process that kept 0.3 CPU busy: a waiting worker takes no CPU from the
     # training, so it is recommended (the data-starved loop test on a loaded machine was told "1 worker
     # would compete" and got nothing).
     if not starved.telemetry.cpu_contention:
         pytest.skip("the run recorded no host telemetry")
-    a = process_cpu(with_host(starved, cpus=2, env={}), 30.0)
+    a = process_cpu(with_host(starved, cpus=4, env={}), 30.0)
     busy = dataclasses.replace(
-        starved.telemetry.cpu_contention[0], cores=2, others_percent_mean=75.0, contended=True
+        starved.telemetry.cpu_contention[0], cores=4, others_percent_mean=75.0, contended=True
     )
     a = dataclasses.replace(a, telemetry=dataclasses.replace(a.telemetry, cpu_contention=[busy]))
     (rec,) = data_loading.recommend(context(a))

@@ -60,6 +60,12 @@ BUSY_CPU_SLOWDOWN = 1.8
 # A CPU counts as the rank's when at most this much of it goes to other processes (rounding to the nearest
 # whole CPU: at 0.25 a run whose neighbours took 0.3 CPU got one reasoning, and a run beside 0.2 another).
 CORE_SLACK = 0.5
+# What handing one batch from a worker to the training process may cost it (the batch pickled through shared
+# memory, the queue, the worker's wake-ups beside the compute), which a run that loaded in its main process
+# (num_workers=0) cannot show. The bound was measured on the 2-vCPU benchmark host: an in-memory GAN's batches
+# of 64 ran 43% slower with one worker (a 4.2 ms step, 0.5 ms of it loading: about 3.7 ms more per batch),
+# where the model had the 0.5 ms wait vanish (benchmarks/advise_accuracy.py). The interval's low end counts it.
+WORKER_HANDOVER_MS = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,12 +218,15 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
 
     setting = replace(ctx.setting, num_workers=w)
     threads = None
-    if not o.on_gpu and main + w > free and cores - w >= 1:
+    before = _omp_threads(ctx) or float(cores)  # torch's intra-op threads now
+    if not o.on_gpu and main + w > free and before > cores - w >= 1:
         # A CPU run whose intra-op threads would take the workers' cores: give the workers theirs. Compute
-        # on fewer threads is at most main/threads times slower (perfect scaling); small models scale far
-        # less, so the figure is at no slowdown and the interval reaches the worst.
+        # on fewer threads is at most before/threads times slower (perfect scaling); small models scale far
+        # less, so the figure is at no slowdown and the interval reaches the worst. The process's mean CPU
+        # understates how many threads the compute itself kept busy (it averages in the single-threaded
+        # loading and the waits), so the worst case is the thread count's own ratio.
         threads = cores - w
-        worst = max(1.0, main / threads)
+        worst = max(1.0, main / threads, before / threads)
         slow_load = BUSY_CPU_SLOWDOWN if cpu_loading else 1.0  # every core of the rank busy
         low = ctx.predict(
             setting, Range(worst, worst, worst), data_ms_per_sample=wait(w, worst, slow_load) / b
@@ -241,6 +250,11 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             proposed = _span(mid, low, high)
         else:
             proposed = high
+    handover = w0 == 0
+    if handover:
+        proposed = _span(
+            proposed, ctx.predict(setting, data_ms_per_sample=(wait(w) + WORKER_HANDOVER_MS) / b)
+        )
 
     how = (
         f"L = {load:.1f} ms to load one batch (num_workers=0: the measured wait)"
@@ -258,6 +272,17 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     evidence.append(account.sentence())
     caveats = []
     settle = None
+    if handover:
+        caveats.append(
+            f"each batch a worker loads is handed to the training process (pickled through shared memory): up "
+            f"to {WORKER_HANDOVER_MS:g} ms per batch where batches are small and the CPUs few, which a run with "
+            "num_workers=0 cannot show; the interval's low end counts it"
+        )
+        settle = (
+            f"a worker's hand-over of each batch (up to {WORKER_HANDOVER_MS:g} ms) may cost more than the "
+            f"{d - wait(w):.1f} ms of waiting per micro-batch the worker(s) would save; rerun with num_workers={w} "
+            "and compare the runs with `tuneup compare`"
+        )
     if competes:
         caveats.append(
             f"{account.sentence()}: {w} worker(s) compete with the training, so the low end counts only workers "
@@ -278,10 +303,10 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     changes = [Change("num_workers", str(w0), str(w))]
     args: dict[str, object] = {"num_workers": w}
     if threads is not None:
-        changes.append(Change("torch intra-op threads", str(round(main)), str(threads)))
+        changes.append(Change("torch intra-op threads", str(round(before)), str(threads)))
         evidence.append(
             f"{main_why}: {threads} thread(s) leave {w} core(s) of the {cores} free to the workers; compute "
-            f"({compute:.1f} ms per micro-batch) may run up to {main / threads:.1f}x slower on them, which "
+            f"({compute:.1f} ms per micro-batch) may run up to {worst:.1f}x slower on them, which "
             "the interval's low end assumes"
         )
     if o.on_gpu and o.pin_memory is False:
