@@ -36,11 +36,12 @@ def test_data_starved_run_gets_workers_and_the_gain_is_real(tmp_path: Path) -> N
     rec = next(r for r in advice.recommendations if r.id == "data_loading.num_workers")
     assert any(c.knob == "num_workers" and c.proposed == "1" for c in rec.changes)
     assert "num_workers=1" in rec.code
-    assert rec.gain.low >= 0.05 and rec.evidence
+    # Recommended: its interval excludes a loss, the worker's hand-over of each batch counted in the low end.
+    assert rec.gain.value >= 0.05 and rec.gain.low > 0 and rec.evidence
     new_knobs = loop.apply(knobs, rec)
     assert new_knobs is not None and new_knobs["workers"] == 1
     new_rate = float(analyze(loop._run(tmp_path, "after", new_knobs, 60)).throughput.samples_per_s)
     measured = new_rate / base_rate - 1
     # The direction and the size: more than half the predicted interval's low end (the machine is shared,
     # so no tighter than that in a test; benchmarks/advise_loop.py compares with the interval itself).
-    assert measured > rec.gain.low / 2, (measured, rec.gain)
+    assert measured > max(rec.gain.low, 0.05) / 2, (measured, rec.gain)

