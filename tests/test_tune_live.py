@@ -159,12 +159,16 @@ def test_lightningcli_script_is_tuned_through_overrides_and_resumed(tmp_path: Pa
         searched["config"]["accumulate_grad_batches"],
     ), output[-500:]
     resumed = subprocess.run(
-        [sys.executable, "-m", "tuneup", "tune", "--resume", str(out), *QUICK, "--max-trials", "3", "--confirm-runs", "0"],
+        [sys.executable, "-m", "tuneup", "tune", "--resume", str(out), *QUICK, "--max-trials", "3", "--confirm-runs", "1"],
         capture_output=True, text=True, check=False, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     again = state(out)["trials"]
-    assert len(again) == 3 and again[:2] == s["trials"][:2]  # the earlier trials kept, one more run
+    # The earlier trials kept, and more run after them: a third search trial where the model still sees one
+    # worth trying, else the confirmation (a search may end on what 40-step trials measured, which on a
+    # shared host is noise: a resume must go on either way).
+    assert len(again) >= 3 and again[:2] == s["trials"][:2], resumed.stdout[-1500:]
+    assert {t["role"] for t in again[2:]} <= {"search", "confirm"}
 
 
 @pytest.mark.slow
