@@ -51,14 +51,17 @@ def test_the_two_run_fit_gives_back_its_own_run_as_now(recorded: RunAnalysis) ->
 
 
 def test_a_larger_batch_never_gains_more_than_its_samples(recorded: RunAnalysis) -> None:  # noqa: F811
-    # "batch of 128: +260.6% [+193.5%, +343.1%]" from batch 32: 4x the samples per step gains at most +300%.
+    # "batch of 128: +260.6% [+193.5%, +343.1%]" from batch 32: 4x the samples per step gains at most +300%
+    # (the point; the interval's ends within the model's own error of it, as a rerun measures on both sides).
     ctx = context(recorded, [BS32, BS64])
+    e = ctx.model.base_error
     for k in (2, 4, 8):
         step = ctx.model.predict(Setting(32 * k, 1, 1, "32-true", 0)).mean_ms
-        assert step.low >= ctx.current.mean_step_ms.value * (1 - 1e-12)  # type: ignore[union-attr]
+        assert step.value >= ctx.current.mean_step_ms.value * (1 - 1e-12)  # type: ignore[union-attr]
+        assert step.low >= ctx.current.mean_step_ms.value / (1 + e) * (1 - 1e-12)  # type: ignore[union-attr]
     p = ctx.predict(Setting(128, 1, 1, "32-true", 0))
     gain = p.samples_per_s.change_from(ctx.current.samples_per_s.value)
-    assert gain.high <= 3.0 + 1e-9
+    assert gain.value <= 3.0 + 1e-9 and gain.high <= 4 * (1 + e) - 1 + 1e-9
     # Two contended runs whose compute fell as the batch grew: a wide interval, low confidence, and why.
     assert gain.low < 0.5 * gain.value
     recs = batch.recommend(ctx)
