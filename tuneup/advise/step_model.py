@@ -146,14 +146,11 @@ def _fit_line(points: Sequence[tuple[float, float]], noise_ms: Sequence[float] =
             seen_b=b,
         )
     n = len(points)
-    mean_b = statistics.fmean(b for b, _ in points)
-    mean_c = statistics.fmean(c for _, c in points)
-    sxx = sum((b - mean_b) ** 2 for b, _ in points)
-    raw_slope = sum((b - mean_b) * (c - mean_c) for b, c in points) / sxx
+    mean_b, sxx = statistics.fmean(b for b, _ in points), _sxx(points)
+    mean_c, raw_slope = _mean_and_slope(points, mean_b, sxx)
     slope = max(0.0, raw_slope)  # compute never falls as the batch grows
     intercept = max(0.0, mean_c - slope * mean_b)
-    residuals = [c - (intercept + slope * b) for b, c in points]
-    se = math.sqrt(sum(r * r for r in residuals) / (n - 2)) if n > 2 else None
+    se = _standard_error(points, intercept, slope)
     extremes: tuple[tuple[float, float], ...] = ()
     if se is None and len(noise_ms) == n and any(noise_ms):
         ends = []
@@ -161,8 +158,8 @@ def _fit_line(points: Sequence[tuple[float, float]], noise_ms: Sequence[float] =
             moved = [
                 (b, max(0.0, c + sign * e)) for (b, c), sign, e in zip(points, signs, noise_ms, strict=True)
             ]
-            m = statistics.fmean(c for _, c in moved)
-            k = max(0.0, sum((b - mean_b) * (c - m) for b, c in moved) / sxx)
+            m, k = _mean_and_slope(moved, mean_b, sxx)
+            k = max(0.0, k)
             ends.append((max(0.0, m - k * mean_b), k))
         extremes = tuple(ends)
     return _Line(
@@ -183,14 +180,31 @@ def _fit_term(points: Sequence[tuple[float, float]], proportional: bool) -> _Lin
         fixed, scaled = (mean_v, 0.0), (0.0, mean_v / b)
         a, k = scaled if proportional else fixed
         return _Line(a, k, extremes=(fixed, scaled))
-    n = len(points)
-    mean_b = statistics.fmean(b for b, _ in points)
-    sxx = sum((b - mean_b) ** 2 for b, _ in points)
-    slope = sum((b - mean_b) * (v - mean_v) for b, v in points) / sxx
+    mean_b, sxx = statistics.fmean(b for b, _ in points), _sxx(points)
+    _, slope = _mean_and_slope(points, mean_b, sxx)
     intercept = mean_v - slope * mean_b
-    residuals = [v - (intercept + slope * b) for b, v in points]
-    se = math.sqrt(sum(r * r for r in residuals) / (n - 2)) if n > 2 else None
-    return _Line(intercept, slope, se_ms=se, n=n, mean_b=mean_b, sxx=sxx)
+    se = _standard_error(points, intercept, slope)
+    return _Line(intercept, slope, se_ms=se, n=len(points), mean_b=mean_b, sxx=sxx)
+
+
+def _sxx(points: Sequence[tuple[float, float]]) -> float:
+    """The batch sizes' sum of squared deviations from their mean (least squares' denominator)."""
+    mean_b = statistics.fmean(b for b, _ in points)
+    return sum((b - mean_b) ** 2 for b, _ in points)
+
+
+def _mean_and_slope(points: Sequence[tuple[float, float]], mean_b: float, sxx: float) -> tuple[float, float]:
+    """The points' mean time and their least-squares slope against batch size (unclamped)."""
+    mean_v = statistics.fmean(v for _, v in points)
+    return mean_v, sum((b - mean_b) * (v - mean_v) for b, v in points) / sxx
+
+
+def _standard_error(points: Sequence[tuple[float, float]], intercept: float, slope: float) -> float | None:
+    """The residuals' standard error about a line (None with two points: no degree of freedom left)."""
+    n = len(points)
+    if n <= 2:
+        return None
+    return math.sqrt(sum((v - (intercept + slope * b)) ** 2 for b, v in points) / (n - 2))
 
 
 def _solve_gamma(backward_ms: float, sync_ms: float, exposed_ms: float) -> float:
@@ -313,10 +327,10 @@ class StepTimeModel:
 
         Held to physics: the step at a larger batch is never shorter than at a smaller one (compute, the
         wait and the loop never shrink as a batch grows). Anchored at the base run (the step the advice is
-        for stays its own): a batch above the base's is at least the step's point at the base's batch and
-        at every batch the runs measured between them, at its point and its low end; a batch below, at
-        most those (×k the batch gains at most k − 1 in samples/s, and ÷k loses at most 1 − 1/k). A fit's
-        line between noisy runs can say otherwise."""
+        for stays its own): a batch above the base's has its point at least the step's point at the base's
+        batch and at every batch the runs measured between them, and its low end at least that less the
+        model's own error; a batch below, at most those (×k the batch gains at most k − 1 in samples/s at
+        the point, and ÷k loses at most 1 − 1/k). A fit's line between noisy runs can say otherwise."""
         raw = self._predict(setting, compute_scale, data_ms_per_sample, fits)
         mean, median = raw.mean_ms, raw.median_ms
         b, b0 = setting.batch_size, self.base.batch_size
