@@ -5,6 +5,7 @@ predicted."""
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import sys
 from pathlib import Path
 
@@ -40,8 +41,19 @@ def test_data_starved_run_gets_workers_and_the_gain_is_real(tmp_path: Path) -> N
     assert rec.gain.value >= 0.05 and rec.gain.low > 0 and rec.evidence
     new_knobs = loop.apply(knobs, rec)
     assert new_knobs is not None and new_knobs["workers"] == 1
-    new_rate = float(analyze(loop._run(tmp_path, "after", new_knobs, 60)).throughput.samples_per_s)
-    measured = new_rate / base_rate - 1
+
+    def rate(name: str, run_knobs: dict) -> float:
+        return float(analyze(loop._run(tmp_path, name, run_knobs, 60)).throughput.samples_per_s)
+
     # The direction and the size: more than half the predicted interval's low end (the machine is shared,
-    # so no tighter than that in a test; benchmarks/advise_loop.py compares with the interval itself).
-    assert measured > max(rec.gain.low, 0.05) / 2, (measured, rec.gain)
+    # so no tighter than that in a test; benchmarks/advise_loop.py compares with the interval itself). One
+    # pair of runs on a shared 2-CPU host can differ by 20% with nothing changed (A/A), so a pair that falls
+    # short is followed by two more, interleaved, and the median of the three pairs decides: a
+    # recommendation that truly slows the run still fails, a neighbour's burst during one run does not.
+    floor = max(rec.gain.low, 0.05) / 2
+    gains = [rate("after-0", new_knobs) / base_rate - 1]
+    if gains[0] <= floor:
+        for i in (1, 2):
+            before = rate(f"base-{i}", knobs)
+            gains.append(rate(f"after-{i}", new_knobs) / before - 1)
+    assert statistics.median(gains) > floor, (gains, rec.gain)
