@@ -234,6 +234,24 @@ def test_loading_that_waits_gets_its_worker_on_a_busy_host(starved: RunAnalysis)
     assert rec.id == "data_loading.num_workers" and "compete" not in " ".join(rec.caveats)
 
 
+def test_loading_counts_as_cpu_work_when_the_process_cpu_time_covers_it(starved: RunAnalysis) -> None:
+    # The held-out 2-rank MLP: each rank had one CPU and its process ran at 63% (it idled in its collectives,
+    # not in its loading: CPU time per step less its compute covered the wait), and one worker then gained
+    # nothing (-0.2%) against a predicted +40.8% [+7.4%, +47.8%]. Here: one CPU left by other processes, a
+    # process at 90% CPU, under the old 95% line that called such loading a wait.
+    if not starved.telemetry.cpu_contention:
+        pytest.skip("the run recorded no host telemetry")
+    a = process_cpu(with_host(starved, cpus=2, env={"OMP_NUM_THREADS": "1"}), 90.0)
+    busy = dataclasses.replace(
+        starved.telemetry.cpu_contention[0], cores=2, others_percent_mean=50.0, contended=True
+    )
+    a = dataclasses.replace(a, telemetry=dataclasses.replace(a.telemetry, cpu_contention=[busy]))
+    ctx = context(a)
+    assert data_loading.recommend(ctx) == []
+    reason = next(r for k, r in knobs(ctx).items() if k.startswith("num_workers 0 → 1"))
+    assert "take their CPU from the training" in reason and "[-" in reason
+
+
 def test_negligible_data_wait_gets_no_workers(starved: RunAnalysis) -> None:
     phases = dict(starved.step_time.phases)
     phases["data"] = PhaseTime(ms=0.01, share=0.0005)

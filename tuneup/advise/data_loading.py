@@ -383,13 +383,29 @@ def _fewer(ctx: AdviceContext, w0: int) -> None:
     )
 
 
+# Loading counts as waiting (storage, the network, a sleep) only where at most this share of the measured wait
+# can have been CPU work; above it the worker needs CPU time of its own, which a rank may not have spare.
+WAITING_CPU_SHARE = 0.25
+
+
 def _loading_is_cpu_work(ctx: AdviceContext, w0: int) -> bool:
-    """Whether the loading keeps a CPU busy: with num_workers=0 the main process loads, and a rank whose
-    process kept a whole core busy on average (telemetry) computed while it loaded. Unknown counts as CPU work."""
+    """Whether the loading keeps a CPU busy. With num_workers=0 the main process loads, and its CPU time per
+    step (telemetry's mean process CPU x the mean step) bounds what the loading can have used: less the
+    compute on torch's intra-op threads (OMP_NUM_THREADS where recorded, else the rank's share of the CPUs, as
+    torch and Lightning default) and the optimizer on one (the exposed wait for collectives is not
+    subtracted: gloo's threads reduce on the CPU there, but how much is not recorded). Waiting that the
+    process does elsewhere (a DDP rank idles in its collectives; a 2-rank MLP at 63% CPU still spent all but 0.8 ms
+    of its 7.6 ms wait on the CPU, and one worker then gained nothing) does not lower the bound. Loading
+    counts as waiting only where that bound is a small share of the wait. Unknown counts as CPU work."""
+    o = ctx.observation
     cpu = [p.cpu_percent_mean for p in ctx.analysis.telemetry.processes if p.cpu_percent_mean is not None]
-    if w0 != 0 or not cpu:
+    if w0 != 0 or not cpu or o.data_ms <= 0:
         return True
-    return sum(cpu) / len(cpu) >= 95.0
+    cpu_ms = sum(cpu) / len(cpu) / 100.0 * o.step_mean_ms  # CPU time per step, every thread summed
+    threads = _omp_threads(ctx) or max(1.0, float((o.cpu_count or 1) // o.ranks_per_node))
+    busy_ms = o.compute_per_micro_batch_ms * o.accumulation * threads + o.optimizer_ms
+    loading_cpu_ms = min(o.data_ms, max(0.0, cpu_ms - busy_ms))
+    return loading_cpu_ms > WAITING_CPU_SHARE * o.data_ms
 
 
 def _loader_restarts(ctx: AdviceContext) -> str | None:
