@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/tuneup demo
 
+# Two passes: the tests that time nothing on 2 processes (a module's tests stay on one, so its shared
+# fixtures are built once), then the tests that time something alone (marked `timing`, tests/conftest.py).
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not timing" -n 2 --dist loadfile
+	$(PY) -m pytest -q -m timing
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -14,6 +14,33 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT / "tests" / "workloads" / "tiny.py"
 
 
+# Tests that time something against the wall clock (injected delays coming back in their phase, a bench
+# verdict, the callback's overhead, a CPU-burning neighbour flagged, a recommendation's measured gain) or
+# that read the host's CPU contention: `make test` runs them alone, after the rest has run in parallel
+# (pytest-xdist), so that no other test's processes share their CPUs. A test elsewhere that times
+# something takes `@pytest.mark.timing`.
+TIMING_MODULES = frozenset(
+    {
+        "test_advise_loop.py",
+        "test_advise_measure.py",
+        "test_callback.py",
+        "test_compare.py",
+        "test_fabric_adapter.py",
+        "test_hf_adapter.py",
+        "test_noise.py",
+        "test_plain_loop.py",
+        "test_telemetry.py",
+        "test_training_loops.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in TIMING_MODULES:
+            item.add_marker(pytest.mark.timing)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_warnings(caplog: pytest.LogCaptureFixture) -> None:
     # warn_once remembers across tests in one process; each test must see its own warnings.
