@@ -19,9 +19,7 @@ import argparse
 import os
 import random
 import re
-import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -403,34 +401,24 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End torchrun and the workers it started (they share its process group, made for this)."""
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def launch(config: ProbeConfig) -> int:
     """Run the workers under torchrun; their output goes to this process's stdout and stderr. Returns
     torchrun's exit code, or 124 when the probe ran past `config.timeout_s` and was stopped."""
+    from tuneup.launch import INHERIT, run_tree
+
     config.out_dir.mkdir(parents=True, exist_ok=True)
     # A session of its own, so that a timeout or Ctrl-C stops torchrun's workers too, and nothing else.
-    proc = subprocess.Popen(_torchrun_command(config), env=_worker_env(), start_new_session=True)
-    try:
-        return proc.wait(timeout=config.timeout_s)
-    except subprocess.TimeoutExpired:
-        _stop(proc)
+    ended = run_tree(
+        _torchrun_command(config),
+        env=_worker_env(),
+        output=INHERIT,
+        timeout_s=config.timeout_s,
+        grace_s=10.0,
+        poll_s=0.1,
+    )
+    if ended.timed_out:
         return 124
-    except BaseException:
-        _stop(proc)
-        raise
+    return ended.returncode if ended.returncode is not None else 1
 
 
 def run(args: argparse.Namespace) -> int:

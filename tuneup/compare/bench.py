@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuneup.launch import CAPTURE, run_tree
 from tuneup.record.schema import ENV_RUN_DIR, MANIFEST_FILE
 
 
@@ -89,29 +88,23 @@ def run_bench(
     for n, workload in interleaved(workloads, runs):
         run_dir = sets[workload.label] / f"run-{n:02d}"
         env = {**os.environ, ENV_RUN_DIR: str(run_dir.resolve())}
-        started = time.perf_counter()
         try:
-            proc = subprocess.run(
-                workload.argv(), env=env, capture_output=True, text=True, timeout=timeout_s, check=False
-            )
+            # Its own session: a timeout ends a torchrun's or Lightning's ranks too, not only the launcher.
+            run = run_tree(workload.argv(), env=env, output=CAPTURE, timeout_s=timeout_s)
         except FileNotFoundError as exc:
             raise BenchError(
                 f"{workload.label}: cannot run {workload.shown!r} ({exc.strerror or exc})"
             ) from None
-        except subprocess.TimeoutExpired:
+        if run.timed_out:
+            raise BenchError(f"{workload.label} run {n} took longer than {timeout_s:.0f} s; raise --timeout")
+        if run.returncode != 0:
             raise BenchError(
-                f"{workload.label} run {n} took longer than {timeout_s:.0f} s; raise --timeout"
-            ) from None
-        took = time.perf_counter() - started
-        if proc.returncode != 0:
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-            raise BenchError(
-                f"{workload.label} run {n} ({workload.shown}) exited with {proc.returncode}: {tail}"
+                f"{workload.label} run {n} ({workload.shown}) exited with {run.returncode}: {run.tail(3)}"
             )
         if not (run_dir / MANIFEST_FILE).is_file():
             raise BenchError(
                 f"{workload.label} run {n} recorded no run in {run_dir}: does it train with TuneupCallback() "
                 f"with dirpath left unset (so that {ENV_RUN_DIR} applies)?"
             )
-        echo(f"{workload.label} run {n}/{runs}: {took:.1f} s -> {run_dir}")
+        echo(f"{workload.label} run {n}/{runs}: {run.duration_s:.1f} s -> {run_dir}")
     return sets
