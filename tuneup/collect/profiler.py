@@ -53,11 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from tuneup._log import warn_once
-from tuneup.record.schema import OPERATORS_FILE, TRACE_FILE
-from tuneup.record.schema import PHASES as _PHASE_FIELDS
+from tuneup.record.schema import OPERATORS_FILE, PHASE_NAMES, TRACE_FILE
 
-# The step clock's phases, as the run record names them (without "_ms").
-PHASES = tuple(name.removesuffix("_ms") for name in _PHASE_FIELDS)
+# The step clock's phases (the run record's one list; operators.json's phase names).
+PHASES = PHASE_NAMES
 OPERATORS_VERSION = 1
 # Operators kept per phase in operators.json: by self CPU time, and where there is a device, also by
 # self device time (a kernel that costs the GPU much can cost the host little to launch).

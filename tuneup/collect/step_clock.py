@@ -35,9 +35,9 @@ waiting for the host), and they are read only once the step's last event has com
 later: the clock never synchronizes the device on the training thread's critical path.
 
 Per step the hooks only take marks and add up floats; turning closed steps into records (reading the
-loss, building dicts) happens in `drain`, which the caller runs every few dozen steps. Doing that work in
-one loop, with warm caches, instead of between the forward and backward passes of every step, is what
-keeps the callback's cost within a few percent of a 2 ms step.
+loss, building the typed StepRecords the writer takes) happens in `drain`, which the caller runs every few
+dozen steps. Doing that work in one loop, with warm caches, instead of between the forward and backward
+passes of every step, is what keeps the callback's cost within a few percent of a 2 ms step.
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-PHASE_NAMES = ("data", "forward", "backward", "optimizer", "sync", "other")
-DATA, FORWARD, BACKWARD, OPTIMIZER, SYNC, OTHER = range(6)
+from tuneup.record.schema import PHASE_NAMES, CollectiveRecord, RecordedStep
+
+# A slot per phase, in the schema's order (unpacking fails at import if the schema's list changes length).
+DATA, FORWARD, BACKWARD, OPTIMIZER, SYNC, OTHER = range(len(PHASE_NAMES))
 # States whose phase is decided by the mark that ends them, and the gap between batches, which is data
 # unless the trainer reports its fetches (then only the fetches are data and the rest of the gap is other).
 _GAP, _AFTER_BACKWARD, _AFTER_OPTIMIZER, _EXCLUDED = 6, 7, 8, 9
@@ -81,15 +83,10 @@ _SLOT_OF: tuple[tuple[int | None, ...], ...] = tuple(
 # For a listener (the operator profiler), which must name a phase as it starts: an open state's likeliest
 # phase (after a backward usually comes the optimizer step; after a step, the next forward).
 _STATE_PHASE = {
-    DATA: "data",
-    FORWARD: "forward",
-    BACKWARD: "backward",
-    OPTIMIZER: "optimizer",
-    SYNC: "sync",
-    OTHER: "other",
-    _AFTER_BACKWARD: "optimizer",
-    _AFTER_OPTIMIZER: "forward",
-    _EXCLUDED: "other",
+    **dict(enumerate(PHASE_NAMES)),
+    _AFTER_BACKWARD: PHASE_NAMES[OPTIMIZER],
+    _AFTER_OPTIMIZER: PHASE_NAMES[FORWARD],
+    _EXCLUDED: PHASE_NAMES[OTHER],
 }
 
 
@@ -175,6 +172,12 @@ class PendingStep:
 _PENDING_END = 5  # index of PendingStep.end in the tuples the clock queues
 
 
+def _set_fields(record: RecordedStep, values: dict[str, Any]) -> None:
+    """Fill the step's fields that a collector resolved (comm_*, gns_*: StepRecord's names)."""
+    for name, value in values.items():
+        setattr(record, name, value)
+
+
 def to_float(value: Any) -> float | None:
     """A device tensor's (or a number's) value, read on the caller's thread; None where there is none."""
     if value is None:
@@ -188,12 +191,13 @@ def to_float(value: Any) -> float | None:
 class StepClock:
     """Collects the marks of the batches of one training step at a time.
 
-    `drain` hands `on_resolved` one dict per closed step, in step order, with the StepRecord fields.
+    `drain` hands `on_resolved` one RecordedStep per closed step (a StepRecord, with the step's timed
+    collectives), in step order.
     Steps wait in memory until then; with a deferred (CUDA) timer, `drain` waits for the device only
     when more than `max_pending` steps are still unreadable.
     """
 
-    def __init__(self, timer: Timer, on_resolved: Callable[[dict[str, Any]], None], max_pending: int = 4):
+    def __init__(self, timer: Timer, on_resolved: Callable[[RecordedStep], None], max_pending: int = 4):
         self.timer = timer
         self.on_resolved = on_resolved
         self.max_pending = max_pending
@@ -266,7 +270,7 @@ class StepClock:
         self._cursor = now
         self._state = state
         if self.listener is not None and ending not in (_M_BATCH_START, _M_BATCH_END):
-            self.listener(_STATE_PHASE.get(state) or ("other" if self.fetch_marks_seen else "data"))
+            self.listener(_STATE_PHASE.get(state) or PHASE_NAMES[OTHER if self.fetch_marks_seen else DATA])
         return now
 
     @property
@@ -440,7 +444,7 @@ class StepClock:
             if pause is not None:
                 pause()
 
-    def _resolve(self, p: PendingStep) -> dict[str, Any]:
+    def _resolve(self, p: PendingStep) -> RecordedStep:
         timer = self.timer
         if p.phase_s is not None:
             phases_ms = [p.phase_s[i] * 1000.0 for i in range(len(PHASE_NAMES))]
@@ -452,44 +456,40 @@ class StepClock:
         loss, grad_norm = p.loss, p.grad_norm
         own_ms = p.own_s * 1000.0 if p.own_s else 0.0
         # Raw floats: the writer rounds the few records it encodes; rounding every step here is wasted.
-        record = {
-            "step": p.step,
-            "epoch": p.epoch,
-            "t_end": self._unix0 + (p.end_perf_s - self._perf0),
+        record = RecordedStep(
+            step=p.step,
+            epoch=p.epoch,
+            t_end=self._unix0 + (p.end_perf_s - self._perf0),
             # The phases and tuneup's own time tile the step, less any interval the caller excluded (a
             # checkpoint save).
-            "wall_ms": data + forward + backward + optimizer + sync + other + own_ms,
-            "data_ms": data,
-            "forward_ms": forward,
-            "backward_ms": backward,
-            "optimizer_ms": optimizer,
-            "sync_ms": sync,
-            "other_ms": other,
-            "micro_batches": p.micro_batches,
-            "samples": p.samples,
-            "tokens": p.tokens,
-            "loss": loss if loss is None or isinstance(loss, float) else to_float(loss),
-            "grad_norm": grad_norm
-            if grad_norm is None or isinstance(grad_norm, float)
-            else to_float(grad_norm),
-            "peak_mem_bytes": p.peak_mem_bytes,
-        }
-        if p.own_s is not None:
-            record["tuneup_ms"] = own_ms
-        if p.checkpoint:
-            record["checkpoint"] = True
+            wall_ms=data + forward + backward + optimizer + sync + other + own_ms,
+            data_ms=data,
+            forward_ms=forward,
+            backward_ms=backward,
+            optimizer_ms=optimizer,
+            sync_ms=sync,
+            other_ms=other,
+            micro_batches=p.micro_batches,
+            samples=p.samples,
+            tokens=p.tokens,
+            loss=loss if loss is None or isinstance(loss, float) else to_float(loss),
+            grad_norm=grad_norm if grad_norm is None or isinstance(grad_norm, float) else to_float(grad_norm),
+            peak_mem_bytes=p.peak_mem_bytes,
+            checkpoint=bool(p.checkpoint),
+            tuneup_ms=own_ms if p.own_s is not None else None,
+        )
         comm_sq = None
         if p.comm:
             from tuneup.collect.comm import resolve_collectives
 
             collectives, summary = resolve_collectives(p.comm, self._elapsed_safely, p.start)
             comm_sq = summary.pop("_gns_sq", None)
-            record.update(summary)
-            record["_collectives"] = collectives
+            _set_fields(record, summary)
+            record.collectives = [CollectiveRecord(step=p.step, **c) for c in collectives]
         if p.noise is not None:
             from tuneup.collect.grad_noise import noise_record
 
-            record.update(noise_record(p.noise, comm_sq))
+            _set_fields(record, noise_record(p.noise, comm_sq))
         return record
 
     def _elapsed_safely(self, start: Any, end: Any) -> float:

@@ -50,11 +50,20 @@ STOP_USER_INTERRUPT = "user_interrupt"
 # Collective kinds, named as torch.distributed names the operations.
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
-# Phases of a training step (tuneup.collect.step_clock defines each). They tile the step with tuneup's own
-# time: wall = data + forward + backward + optimizer + sync + other + tuneup_ms. Records written before
-# `sync` was timed have it 0, inside other; records without `tuneup_ms` (written before it was timed, or
-# timed on a device) hold tuneup's own time inside the phases.
-PHASES = ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "sync_ms", "other_ms")
+# Phases of a training step (tuneup.collect.step_clock defines each), in the order a step runs them and
+# every table and figure shows them. The one list: the step clock, the profiler, the analysis, the report
+# and report.json's schema all take it from here. They tile the step with tuneup's own time:
+# wall = data + forward + backward + optimizer + sync + other + tuneup_ms. Records written before `sync` was
+# timed have it 0, inside other; records without `tuneup_ms` (written before it was timed, or timed on a
+# device) hold tuneup's own time inside the phases.
+PHASE_NAMES = ("data", "forward", "backward", "optimizer", "sync", "other")
+# Their fields in a step record.
+PHASES = tuple(f"{name}_ms" for name in PHASE_NAMES)
+# tuneup's own time in a step (StepRecord.tuneup_ms) as the report names its line: not a phase of the
+# user's step but beside them, so that the lines of the step-time table and figure add up to the step.
+TUNEUP_PHASE = "tuneup"
+# The lines of the report's step time, in order (report.json's `step_time.phases` keys are among them).
+STEP_TIME_LINES = (*PHASE_NAMES, TUNEUP_PHASE)
 
 # Every per-step metric that windows aggregate.
 STEP_METRICS = (
@@ -129,6 +138,29 @@ class StepRecord:
     # tuneup's own time in the step, out of its phases (its hooks' bookkeeping, the gradient noise scale's
     # norms; tuneup.collect.step_clock). None: not timed apart (an older record, or a device timer).
     tuneup_ms: float | None = None
+
+    # Read access by field name, as on the dict the step clock handed out before it built StepRecords: a
+    # consumer written for the dict (`record["wall_ms"]`, `record.get("samples")`) keeps working. New code
+    # reads the attributes.
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return getattr(self, name)
+        except (AttributeError, TypeError):
+            raise KeyError(name) from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = getattr(self, name, None) if isinstance(name, str) else None
+        return default if value is None else value
+
+
+@dataclass(slots=True)
+class RecordedStep(StepRecord):
+    """A step as the recording side hands it to the writer (tuneup.collect.step_clock builds it): the step's
+    record, with the step's timed collectives, which the writer puts in collectives.jsonl (with the step's
+    number) when it keeps the step; steps.jsonl holds the StepRecord fields only, and the reader gives
+    StepRecords back."""
+
+    collectives: list[CollectiveRecord] | None = None
 
 
 @dataclass(slots=True)

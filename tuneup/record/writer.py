@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,6 +34,8 @@ from tuneup.record.schema import (
     STEPS_FILE,
     TELEMETRY_FILE,
     WINDOWS_FILE,
+    CollectiveRecord,
+    StepRecord,
     rank_dir_name,
 )
 
@@ -123,6 +125,30 @@ def _clean(key: str, value: Any) -> Any:
     if not math.isfinite(value):
         return None
     return float(f"{value:.7g}") if key in _SIGNIFICANT else round(value, 3)
+
+
+# The fields of a step line, in StepRecord's order; one left out where it holds nothing (None, or a
+# `checkpoint` that is False): the reader reads an absent field as not measured.
+_STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
+_COLLECTIVE_FIELDS = tuple(f.name for f in fields(CollectiveRecord))
+
+
+def _present(record: object, names: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        name: value
+        for name in names
+        if (value := getattr(record, name)) is not None and value is not False
+    }
+
+
+def step_fields(record: StepRecord) -> dict[str, Any]:
+    """A step record as its line in steps.jsonl holds it (what the reader reads back as that record)."""
+    return _present(record, _STEP_FIELDS)
+
+
+def collective_fields(record: CollectiveRecord) -> dict[str, Any]:
+    """A collective as its line in collectives.jsonl holds it."""
+    return _present(record, _COLLECTIVE_FIELDS)
 
 
 def dumps_line(record: Mapping[str, Any]) -> str:
@@ -353,13 +379,19 @@ class RankWriter:
 
     # -- records -----------------------------------------------------------------------------------
 
-    def add_step(self, record: Mapping[str, Any]) -> None:
-        """Record one optimizer step. `record` holds the StepRecord fields (step, epoch, t_end, ...) and,
-        under "_collectives", the step's collectives (CollectiveRecord fields but `step`)."""
+    def add_step(self, record: StepRecord | Mapping[str, Any]) -> None:
+        """Record one optimizer step: a StepRecord (a RecordedStep carries the step's collectives), or, as
+        written before the record was typed at its source, a mapping of the StepRecord fields with the
+        step's collectives (CollectiveRecord fields but `step`) under "_collectives"."""
+        collectives: Any
+        if isinstance(record, StepRecord):
+            collectives = getattr(record, "collectives", None)
+            record = step_fields(record)
+        else:
+            collectives = record.get("_collectives")
+            if collectives is not None:
+                record = {k: v for k, v in record.items() if k != "_collectives"}
         step = record["step"]
-        collectives = record.get("_collectives")
-        if collectives is not None:
-            record = {k: v for k, v in record.items() if k != "_collectives"}
         window_id = step // self.policy.window_steps
         if self._window_id is not None and window_id != self._window_id:
             self._emit_window()
@@ -370,7 +402,10 @@ class RankWriter:
             self.steps_kept += 1
             # Every collective of a kept step; the others are in the step's comm_* figures and windows.
             for collective in collectives or ():
-                self._collectives.append(dumps_line({"step": step, **collective}))
+                if isinstance(collective, CollectiveRecord):
+                    self._collectives.append(dumps_line(collective_fields(collective)))
+                else:
+                    self._collectives.append(dumps_line({"step": step, **collective}))
         self.steps_seen += 1
         self.last_step = step
         self._steps_since_flush += 1
@@ -384,8 +419,11 @@ class RankWriter:
     def _streams(self) -> tuple[_Stream, ...]:
         return (self._steps, self._windows, self._events, self._telemetry, self._collectives)
 
-    def add_collective(self, record: Mapping[str, Any]) -> None:
-        """One timed collective (CollectiveRecord fields); written with the next flush."""
+    def add_collective(self, record: CollectiveRecord | Mapping[str, Any]) -> None:
+        """One timed collective (a CollectiveRecord, or a mapping of its fields); written with the next
+        flush."""
+        if isinstance(record, CollectiveRecord):
+            record = collective_fields(record)
         self._collectives.append(dumps_line(record))
 
     def add_event(self, kind: str, **fields: Any) -> None:

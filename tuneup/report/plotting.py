@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuneup._stats import number
 from tuneup.analyze.model import RunAnalysis
+from tuneup.record.schema import STEP_TIME_LINES
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -32,7 +33,9 @@ DPI = 110
 # Stacked panels need more height than one plot to keep each panel's ticks readable.
 PANEL_HEIGHT_PX = 210
 
-PHASE_ORDER = ("data", "forward", "backward", "optimizer", "sync", "other")
+# The step's phases, then tuneup's own time (the record's one list): stacked in this order, they add up to
+# the step, as the step-time table's lines do.
+PHASE_ORDER = STEP_TIME_LINES
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies. Other renderers
 # (HTML tables, Markdown legends) should take phase colours from here so every figure agrees.
 PHASE_COLORS: dict[str, str] = {
@@ -42,7 +45,10 @@ PHASE_COLORS: dict[str, str] = {
     "optimizer": "#009E73",
     "sync": "#CC79A7",
     "other": "#B0B0B0",
+    "tuneup": "#F0E442",
 }
+if set(PHASE_COLORS) != set(PHASE_ORDER):
+    raise ImportError("tuneup.report.plotting: PHASE_COLORS must give every phase of PHASE_ORDER a colour")
 # Text drawn on top of a phase's bar segment: dark on the light colours, white on the dark ones.
 PHASE_TEXT_COLORS = {
     "data": "black",

@@ -1,5 +1,7 @@
-"""Where step time goes: the steady step split into data, forward, backward, optimizer and other time,
-for all ranks together and per rank, and the figure of it (`step_breakdown.png`).
+"""Where step time goes: the steady step split into data, forward, backward, optimizer, sync and other time
+and tuneup's own, for all ranks together and per rank, and the figure of it (`step_breakdown.png`): the
+table's lines, the figure's segments and report.json's `step_time.phases` are the run record's one list
+(tuneup.record.schema.STEP_TIME_LINES).
 
 The phases are means, so that they add up to the step; where a few slow steps carry a mean (the analysis
 marks it `noisy`), the table shows the median and p95 beside it and says so. Slow periods, kept in the
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from tuneup.analyze.model import RankStepTime, RunAnalysis, StepTime
 from tuneup.analyze.slow_periods import SLOW_FACTOR
+from tuneup.record.schema import TUNEUP_PHASE
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import Block, Paragraph, figures, table
 from tuneup.report.format import MISSING, count, is_number, ms, number, share, text
@@ -45,7 +48,7 @@ _SPREAD = (("fastest", 0.0), ("p5", 0.05), ("median", 0.5), ("p95", 0.95), ("slo
 NOISY = "noisy: slow steps pull the mean above the median"
 # tuneup's own time in the step (its hooks, the noise scale's norms), where the record keeps it apart from
 # the user's phases.
-_LABELS = {"tuneup": "tuneup's own"}
+_LABELS = {TUNEUP_PHASE: "tuneup's own"}
 
 
 def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
@@ -243,8 +246,16 @@ def _bars(analysis: RunAnalysis) -> tuple[list[_Bar], str] | None:
 
 
 _PHASES_SPLIT = (
-    "split into data loading, forward, backward, optimizer and other time (ms, total at the bar's end)"
+    "split into data loading, forward, backward, optimizer, sync and other time, and tuneup's own time "
+    "where the record keeps it apart (ms, total at the bar's end)"
 )
+
+
+def _drawn_lines(entries: Sequence[RankStepTime]) -> list[str]:
+    """The lines to stack, in the record's order: every phase, and tuneup's own time where the record kept
+    it apart from them (as the table shows it)."""
+    apart = any(TUNEUP_PHASE in e.phase_mean_ms for e in entries)
+    return [p for p in PHASE_ORDER if p != TUNEUP_PHASE or apart]
 
 
 def _draw_step_breakdown(analysis: RunAnalysis) -> Drawn | None:
@@ -259,9 +270,12 @@ def _draw_step_breakdown(analysis: RunAnalysis) -> Drawn | None:
     x_max = max(totals)
     label_segments = n <= MAX_LEGEND_ENTRIES
     left = [0.0] * n
-    for phase in PHASE_ORDER:
+    lines = _drawn_lines(analysis.step_time.per_rank)
+    for phase in lines:
         widths = [b.phases_ms[phase] for b in bars]
-        drawn = ax.barh(ys, widths, left=left, height=0.7, color=PHASE_COLORS[phase], label=phase)
+        drawn = ax.barh(
+            ys, widths, left=left, height=0.7, color=PHASE_COLORS[phase], label=_LABELS.get(phase, phase)
+        )
         if label_segments:
             for bar, w in zip(drawn, widths, strict=True):
                 # Only where the number fits inside its segment.
@@ -290,7 +304,7 @@ def _draw_step_breakdown(analysis: RunAnalysis) -> Drawn | None:
     ax.set_xlabel("mean time per training step, steady steps (ms)")
     title, caption = _words(analysis, kind, n)
     ax.set_title(title)
-    fig.legend(loc="outside lower center", ncols=len(PHASE_ORDER), title=None)
+    fig.legend(loc="outside lower center", ncols=len(lines), title=None)
     return Drawn(fig, title, caption)
 
 
