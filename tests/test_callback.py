@@ -402,12 +402,12 @@ def test_second_fit_with_the_same_callback_is_a_new_run(tmp_path: Path) -> None:
 
 
 def test_a_run_directory_that_cannot_be_chosen_disables_tuneup_not_training(tmp_path, caplog, monkeypatch):
-    import tuneup.plugins.lightning.callback as callback_module
+    import tuneup.recording.run_dir as run_dir_module
 
     def refuse(base: Path) -> Path:
         raise PermissionError(13, "Permission denied", str(base))
 
-    monkeypatch.setattr(callback_module, "_free_run_dir", refuse)
+    monkeypatch.setattr(run_dir_module, "free_run_dir", refuse)
     trainer = make_trainer("lightning", [TuneupCallback(dirpath=tmp_path / "run")], max_steps=4)
     trainer.fit(make_module("lightning"), make_loader())
     assert trainer.global_step == 4
@@ -428,7 +428,7 @@ def test_flops_are_counted_once_and_the_price_choice_is_recorded(tmp_path: Path)
     assert pricing["instance"] == "aws:p4d.24xlarge" and pricing["source"] == "callback"
     assert pricing["electricity_usd_per_kwh"] == 0.15
     # The counted micro-batch ran inside FlopCounterMode; nothing of it is left on later steps.
-    assert not cb._flops.counting
+    assert not cb._session._flops.counting
 
 
 def test_flops_per_sample_replaces_counting(tmp_path: Path) -> None:
@@ -440,7 +440,7 @@ def test_flops_per_sample_replaces_counting(tmp_path: Path) -> None:
 
 
 def test_a_compiled_model_is_recognized_so_its_flops_are_not_counted() -> None:
-    from tuneup.plugins.lightning.callback import _is_compiled
+    from tuneup.recording.device import is_compiled as _is_compiled
 
     model = make_module("lightning")
     assert not _is_compiled(model)

@@ -183,18 +183,18 @@ def test_a_cold_first_norm_does_not_push_the_samples_past_the_warm_up() -> None:
 def test_automatic_sampling_on_cuda_is_every_step() -> None:
     # On CUDA the host times neither the norms (asynchronous kernels) nor the step (it runs ahead): the
     # automatic choice is every step there, and host timing decides only on CPU.
-    from tuneup import TuneupCallback
+    from tuneup.record.writer import RecordingPolicy
+    from tuneup.recording.noise import NoiseScaleSteps
+
+    def steps(every: int | None, on_cuda: bool) -> NoiseScaleSteps:
+        return NoiseScaleSteps(
+            "accumulation", every, on_cuda=on_cuda, comm=None, recording=RecordingPolicy(), world_size=1
+        )
 
     for on_cuda, auto in ((True, False), (False, True)):
-        cb = TuneupCallback()
-        cb._noise_method = "accumulation"
-        cb._on_cuda = on_cuda
-        cb._start_noise_sampling()
-        assert cb._noise_sampling.every == 1 and cb._noise_sampling.auto is auto
-    forced = TuneupCallback(noise_scale_every=4)
-    forced._noise_method, forced._on_cuda = "accumulation", True
-    forced._start_noise_sampling()
-    assert forced._noise_sampling.every == 4
+        sampling = steps(None, on_cuda).sampling
+        assert sampling.every == 1 and sampling.auto is auto
+    assert steps(4, True).sampling.every == 4
 
 
 def test_a_forced_sampling_never_moves_and_only_kept_steps_take_the_norms() -> None:

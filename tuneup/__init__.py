@@ -1,6 +1,7 @@
 """tuneup: where the time and money of a PyTorch Lightning training run go, and what to change.
 
-`load_run` reads a recorded run (no torch needed). `TuneupCallback` and the subpackages (`tuneup.report`,
+`load_run` reads a recorded run (no torch needed). `TuneupCallback` (Lightning), `track` (a plain PyTorch
+loop: ``with tuneup.track(...) as run:``) and the subpackages (`tuneup.report`,
 `tuneup.analyze`, `tuneup.compare`, ...) are imported on first use (PEP 562), so that `import tuneup`
 and the `tuneup` command stay fast on machines that only read reports, and never import torch or
 matplotlib for a program that does not need them.
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from tuneup import record as record
     from tuneup import report as report
     from tuneup.plugins.lightning import PLTuneupDDPStrategy, TuneupCallback, TuneupDDPStrategy
+    from tuneup.plugins.loop import track
 
 __all__ = [
     "PLTuneupDDPStrategy",
@@ -33,6 +35,7 @@ __all__ = [
     "TuneupDDPStrategy",
     "__version__",
     "load_run",
+    "track",
 ]
 # The Lightning plugin's names, imported with it on first use.
 _PLUGIN_NAMES = frozenset({"TuneupCallback", "TuneupDDPStrategy", "PLTuneupDDPStrategy"})
@@ -42,6 +45,10 @@ _SUBPACKAGES = frozenset({"analyze", "catalog", "collect", "compare", "cost", "p
 
 
 def __getattr__(name: str) -> Any:
+    if name == "track":
+        from tuneup.plugins.loop import track
+
+        return track
     if name in _PLUGIN_NAMES:
         import tuneup.plugins.lightning as plugin
 

@@ -1,4 +1,5 @@
-"""What a Lightning trainer is configured to do, as plain JSON-ready dicts for the run manifest.
+"""What a Lightning trainer is configured to do (plain JSON-ready dicts for the run manifest), and the state
+of it the callback reads (steps done, the device, the fp16 loss scale).
 
 Every field is read defensively: attributes differ between Lightning 2.1 and 2.6 and between the two
 namespaces, and a field that cannot be read is recorded as None rather than stopping the run.
@@ -6,17 +7,29 @@ namespaces, and a field that cannot be read is recorded as None rather than stop
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from tuneup.record.schema import STOP_USER_INTERRUPT
+from tuneup.recording.describe import compiled_modules, loader_summary, model_summary, plain_value
+from tuneup.recording.device import is_compiled
+from tuneup.recording.facts import TrainingFacts
 
-
-def _get(obj: Any, name: str) -> Any:
-    try:
-        value = getattr(obj, name)
-    except Exception:
-        return None
-    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+# Read here, defined with the other trainers' in tuneup.recording.describe.
+__all__ = [
+    "compiled_modules",
+    "dataloader_config",
+    "exception_stop_reason",
+    "loss_scale",
+    "max_time_s",
+    "model_summary",
+    "on_cuda",
+    "stop_reason",
+    "trainer_config",
+    "training_facts",
+    "training_steps_done",
+]
 
 
 def trainer_config(trainer: Any) -> dict[str, Any]:
@@ -27,26 +40,26 @@ def trainer_config(trainer: Any) -> dict[str, Any]:
         "strategy": type(strategy).__name__ if strategy is not None else None,
         # How the ranks were started: "popen" (ddp: the script run again per rank), "spawn" or "fork"
         # (ddp_spawn, ddp_fork: workers of the launching process); None for one process.
-        "start_method": _get(strategy, "_start_method"),
+        "start_method": plain_value(strategy, "_start_method"),
         "accelerator": type(accelerator).__name__ if accelerator is not None else None,
-        "precision": _get(trainer, "precision"),
-        "accumulate_grad_batches": _get(trainer, "accumulate_grad_batches"),
-        "devices": _get(trainer, "num_devices"),
-        "num_nodes": _get(trainer, "num_nodes"),
-        "world_size": _get(trainer, "world_size"),
-        "max_steps": _get(trainer, "max_steps"),
-        "max_epochs": _get(trainer, "max_epochs"),
-        "min_steps": _get(trainer, "min_steps"),
-        "min_epochs": _get(trainer, "min_epochs"),
-        "limit_train_batches": _get(trainer, "limit_train_batches"),
-        "val_check_interval": _get(trainer, "val_check_interval"),
-        "check_val_every_n_epoch": _get(trainer, "check_val_every_n_epoch"),
-        "gradient_clip_val": _get(trainer, "gradient_clip_val"),
-        "gradient_clip_algorithm": _get(trainer, "gradient_clip_algorithm"),
-        "log_every_n_steps": _get(trainer, "log_every_n_steps"),
-        "global_step_at_start": _get(trainer, "global_step"),
-        "fast_dev_run": _get(trainer, "fast_dev_run"),
-        "num_sanity_val_steps": _get(trainer, "num_sanity_val_steps"),
+        "precision": plain_value(trainer, "precision"),
+        "accumulate_grad_batches": plain_value(trainer, "accumulate_grad_batches"),
+        "devices": plain_value(trainer, "num_devices"),
+        "num_nodes": plain_value(trainer, "num_nodes"),
+        "world_size": plain_value(trainer, "world_size"),
+        "max_steps": plain_value(trainer, "max_steps"),
+        "max_epochs": plain_value(trainer, "max_epochs"),
+        "min_steps": plain_value(trainer, "min_steps"),
+        "min_epochs": plain_value(trainer, "min_epochs"),
+        "limit_train_batches": plain_value(trainer, "limit_train_batches"),
+        "val_check_interval": plain_value(trainer, "val_check_interval"),
+        "check_val_every_n_epoch": plain_value(trainer, "check_val_every_n_epoch"),
+        "gradient_clip_val": plain_value(trainer, "gradient_clip_val"),
+        "gradient_clip_algorithm": plain_value(trainer, "gradient_clip_algorithm"),
+        "log_every_n_steps": plain_value(trainer, "log_every_n_steps"),
+        "global_step_at_start": plain_value(trainer, "global_step"),
+        "fast_dev_run": plain_value(trainer, "fast_dev_run"),
+        "num_sanity_val_steps": plain_value(trainer, "num_sanity_val_steps"),
         "max_time_s": max_time_s(trainer),
     }
     try:
@@ -140,67 +153,79 @@ def dataloader_config(trainer: Any) -> dict[str, Any]:
         loader = _first_dataloader(trainer.train_dataloader)
     except Exception:
         loader = None
-    if loader is None:
-        return {"found": False}
-    batch_size = _get(loader, "batch_size")
-    if batch_size is None:
-        batch_size = _get(getattr(loader, "batch_sampler", None), "batch_size")
-    try:
-        dataset_len: int | None = len(loader.dataset)
-    except Exception:
-        dataset_len = None
-    return {
-        "found": True,
-        "class": type(loader).__name__,
-        "batch_size": batch_size,
-        "num_workers": _get(loader, "num_workers"),
-        "pin_memory": _get(loader, "pin_memory"),
-        "persistent_workers": _get(loader, "persistent_workers"),
-        "prefetch_factor": _get(loader, "prefetch_factor"),
-        "drop_last": _get(loader, "drop_last"),
-        "sampler": type(getattr(loader, "sampler", None)).__name__,
-        "dataset": type(getattr(loader, "dataset", None)).__name__,
-        "dataset_len": dataset_len,
-    }
+    return loader_summary(loader)
 
 
-def model_summary(pl_module: Any) -> dict[str, Any]:
-    total = trainable = 0
-    try:
-        for p in pl_module.parameters():
-            # Sharded parameters (FSDP2 DTensors) report their global size, as the model is counted whole.
-            n = int(p.numel())
-            total += n
-            if p.requires_grad:
-                trainable += n
-    except Exception:
-        return {"class": type(pl_module).__name__, "parameters": None, "trainable_parameters": None}
-    return {
-        "class": type(pl_module).__name__,
-        "module": type(pl_module).__module__,
-        "parameters": total,
-        "trainable_parameters": trainable,
-        "automatic_optimization": _get(pl_module, "automatic_optimization"),
-        "compiled": compiled_modules(pl_module),
-    }
+def training_steps_done(trainer: Any, automatic: bool) -> int:
+    """Training steps (batches that stepped the optimizers) done before this fit, restored from a
+    checkpoint when resuming. With automatic optimization one optimizer steps once per step: global_step.
+    Manual optimization may step several: Lightning's own count of batches that stepped (kept for its
+    loggers, restored from checkpoints; read again at the first batch, once its loop has settled it)."""
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    done = getattr(loop, "_batches_that_stepped", None)
+    if automatic or not isinstance(done, int):
+        return int(trainer.global_step)
+    return int(done)
 
 
-def compiled_modules(pl_module: Any) -> list[str] | None:
-    """The modules `torch.compile` wraps, by name ("" for the LightningModule itself), seen at setup; None
-    where they cannot be listed. Compilation runs at each graph's first call (the sanity check's first
-    validation step, the first training step), so the report can say whose time it is."""
-    try:
-        found = []
-        # `trainer.fit(torch.compile(model))`: Lightning unwraps the module and keeps the compile context.
-        if getattr(pl_module, "_compiler_ctx", None):
-            found.append("")
-        for name, module in pl_module.named_modules():
-            # `torch.compile(submodule)` wraps it in an OptimizedModule; `module.compile()` compiles in place.
-            wrapped = type(module).__name__ == "OptimizedModule" or getattr(
-                module, "_compiled_call_impl", None
-            )
-            if wrapped and name not in found:
-                found.append(name)
-        return found
-    except Exception:
-        return None
+def on_cuda(trainer: Any) -> bool:
+    return getattr(getattr(trainer.strategy, "root_device", None), "type", None) == "cuda"
+
+
+def loss_scale(trainer: Any, optimizer: Any) -> tuple[Any, bool]:
+    """(the fp16 GradScaler's scale in this step's backward, whether the gradients are unscaled already);
+    (None, False) without a scaler. The scale is a copy of the scaler's tensor, read later: `get_scale()`
+    would synchronize the device, and `update()` changes the scaler's own tensor in place after this."""
+    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+    if scaler is None or not getattr(scaler, "_enabled", True):
+        return None, False
+    scale = getattr(scaler, "_scale", None)
+    if scale is None:
+        return None, False
+    optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer wraps the scaler's key
+    state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer)) or {}
+    stage = state.get("stage")
+    unscaled = getattr(stage, "name", None) == "UNSCALED"
+    return (scale.detach().clone() if hasattr(scale, "detach") else float(scale)), unscaled
+
+
+def training_facts(
+    trainer: Any,
+    pl_module: Any,
+    *,
+    automatic_optimization: bool,
+    log_to_trainer: bool,
+    tune_trial: dict[str, Any] | None,
+    install_marks: Callable[[], Callable[[], None] | None],
+) -> TrainingFacts:
+    """What the recording session is told at `on_train_start`: the trainer's state, the manifest's sections,
+    and how to read the loss scale, the accumulation and the strategy's events later."""
+    strategy = trainer.strategy
+    return TrainingFacts(
+        device=getattr(pl_module, "device", None),
+        local_rank=int(getattr(trainer, "local_rank", 0)),
+        node_rank=int(getattr(trainer, "node_rank", 0)),
+        num_nodes=int(getattr(trainer, "num_nodes", 1) or 1),
+        ranks_per_node=int(getattr(trainer, "num_devices", 1)),
+        steps_done=training_steps_done(trainer, automatic_optimization),
+        optimizer_steps_done=int(trainer.global_step),
+        epoch=int(trainer.current_epoch),
+        automatic_optimization=automatic_optimization,
+        # Read when needed: a GradientAccumulationScheduler changes it during the fit.
+        accumulation=lambda: int(getattr(trainer, "accumulate_grad_batches", 1) or 1),
+        parameters=pl_module.parameters,
+        loss_scale=functools.partial(loss_scale, trainer),
+        ddp_model=getattr(strategy, "model", None),
+        compiled=is_compiled(pl_module),
+        checkpoint=str(trainer.ckpt_path) if getattr(trainer, "ckpt_path", None) else None,
+        trainer=trainer_config(trainer),
+        dataloader=dataloader_config(trainer),
+        model=model_summary(pl_module),
+        tune_trial=tune_trial,
+        log_every_steps=int(getattr(trainer, "log_every_n_steps", 50) or 50) if log_to_trainer else None,
+        # TuneupDDPStrategy's events (its start, checks, fallbacks), recorded as they happen.
+        sync_events=getattr(strategy, "tuneup_sync_events", None),
+        sync_summary=getattr(strategy, "tuneup_sync_summary", None),
+        install_marks=install_marks,
+        trainer_name="lightning",
+    )

@@ -1,7 +1,8 @@
-"""Where the run went, for a launching process that did not train: `ddp_spawn` and `ddp_fork` run the fit
-in worker processes, each with a copy of the callback, and give the launching process back only metrics
-and weights. Rank 0's copy leaves the run directory in a small file named by a token the copies share;
-the launching process's callback reads it when asked for `run_dir`."""
+"""Where the run went, for a launching process that did not train: Lightning's `ddp_spawn` and `ddp_fork`
+(and `torch.multiprocessing.spawn` in general) run the fit in worker processes, each with a pickled copy of
+the session, and give the launching process back only metrics and weights. Rank 0's copy leaves the run
+directory in a small file named by a token the copies share; the launching process's session reads it when
+asked for `run_dir`."""
 
 from __future__ import annotations
 
