@@ -64,11 +64,11 @@ class RunInfo:
     num_nodes: int
     ranks_present: list[int]
     missing_ranks: list[int]
-    hosts: dict[str, str]  # rank -> host
+    hosts: dict[str, str | None]  # rank -> host (None: the rank's record does not name it)
     namespace: str | None
     strategy: str | None
     accelerator: str | None
-    precision: str | None
+    precision: str | int | None  # as the trainer was given it: "bf16-mixed", 32
     accumulate_grad_batches: int
     batch_size_per_rank: int | None
     global_batch_size: int | None
