@@ -15,14 +15,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tuneup.collect import grad_noise  # read at call time: a test may slow it down (test_training_loops)
 from tuneup.collect.comm import CommProbe
-from tuneup.collect.grad_noise import (
-    ACCUMULATION_METHOD,
-    DDP_METHOD,
-    NoiseSampling,
-    PendingNoise,
-    grads_squared_norm,
-)
+from tuneup.collect.grad_noise import ACCUMULATION_METHOD, DDP_METHOD, NoiseSampling, PendingNoise
 from tuneup.collect.step_clock import StepClock
 from tuneup.record.writer import RecordingPolicy
 
@@ -123,7 +118,7 @@ class NoiseScaleSteps:
         """The accumulation method: the gradient after the step's first micro-batch (a device tensor)."""
         assert self._parameters is not None
         started = time.perf_counter()
-        sq = grads_squared_norm(self._parameters())
+        sq = grad_noise.grads_squared_norm(self._parameters())
         self._norm_s += time.perf_counter() - started
         self._first = None if sq is None else (sq, clock.samples or 0)
 
@@ -142,7 +137,7 @@ class NoiseScaleSteps:
                 return
             assert self._parameters is not None
             started = time.perf_counter()
-            big_sq = grads_squared_norm(self._parameters())
+            big_sq = grad_noise.grads_squared_norm(self._parameters())
             self._norm_s += time.perf_counter() - started
             if big_sq is None:
                 return
