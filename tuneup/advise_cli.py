@@ -167,7 +167,7 @@ def _load(path: str | Path, usage_error: type[Exception]) -> Any:
             return from_json(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, AnalysisFormatError) as exc:
             raise usage_error(f"{path} is not a report.json tuneup can read: {exc}") from None
-    from tuneup.cli import resolve_run_dir
+    from tuneup._cli_common import resolve_run_dir
 
     try:
         return analyze(resolve_run_dir(path, "advise"))

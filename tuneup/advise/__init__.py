@@ -19,28 +19,14 @@ module per question:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from tuneup.advise.model import MIN_GAIN, Advice, Recommendation
+from tuneup.advise.model import Advice, AdviceOptions, Recommendation
 from tuneup.advise.observe import AdviceInputError, observe
 from tuneup.advise.step_model import ModelError, fit_step_model
-from tuneup.analyze.model import CollectiveFit, RunAnalysis
+from tuneup.analyze.model import RunAnalysis
 from tuneup.analyze.noise_scale import NoiseVerdict, noise_verdict
 
 __all__ = ["Advice", "AdviceInputError", "AdviceOptions", "ModelError", "advise"]
-
-
-@dataclass(frozen=True, slots=True)
-class AdviceOptions:
-    min_gain: float = MIN_GAIN
-    link_fits: tuple[CollectiveFit, ...] | None = None  # a link measured elsewhere (a probe run's fits)
-    whatif: bool = True
-    user_catalog: str | None = None  # a CSV of instances to add to the packaged catalog
-    instances: tuple[str, ...] = ()  # limit the what-if to these instance keys (empty: all)
-    target_samples: float | None = None  # for $ to a target in the what-if
-    interruptions_per_hour: float | None = None  # spot interruption rate (the what-if's default if None)
-    global_batch: int | None = None  # the what-if's global batch (default: the run's)
-    nodes: int | None = None  # the what-if's node count (default: 1)
 
 
 def _objective(analyses: Sequence[RunAnalysis]) -> tuple[str, NoiseVerdict | None, str]:

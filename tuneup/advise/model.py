@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tuneup.analyze.model import decimals, significant
+from tuneup.analyze.model import CollectiveFit, decimals, significant
 
 # A recommendation is made only when its predicted gain is at least this (AdaptDL's hysteresis is 5% too):
 # below it, a change is within what a rerun of the same settings can show.
@@ -207,3 +207,18 @@ class Advice:
     considered: list[Considered]
     whatif: WhatIf | None = None
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class AdviceOptions:
+    """What the caller of `advise` may set (`tuneup advise`'s options); the defaults are the report's."""
+
+    min_gain: float = MIN_GAIN
+    link_fits: tuple[CollectiveFit, ...] | None = None  # a link measured elsewhere (a probe run's fits)
+    whatif: bool = True
+    user_catalog: str | None = None  # a CSV of instances to add to the packaged catalog
+    instances: tuple[str, ...] = ()  # limit the what-if to these instance keys (empty: all)
+    target_samples: float | None = None  # for $ to a target in the what-if
+    interruptions_per_hour: float | None = None  # spot interruption rate (the what-if's default if None)
+    global_batch: int | None = None  # the what-if's global batch (default: the run's)
+    nodes: int | None = None  # the what-if's node count (default: 1)

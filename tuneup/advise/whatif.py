@@ -66,7 +66,7 @@ CHECKPOINT_WRITE_BYTES_PER_S = 0.5e9
 MIN_CHECKPOINT_SAVE_S = 1.0
 
 if TYPE_CHECKING:
-    from tuneup.advise import AdviceOptions
+    from tuneup.advise.model import AdviceOptions
 
 _NVLINK_GENERATION = re.compile(r"nvlink\s*(\d)", re.IGNORECASE)
 _PCIE_GENERATION = re.compile(r"pcie\s*gen\s*(\d)", re.IGNORECASE)

@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from tuneup.collect.step_clock import to_float
+from tuneup.collect._tensor import to_float
 
 DDP_METHOD = "ddp"
 ACCUMULATION_METHOD = "accumulation"

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tuneup.collect._tensor import to_float
 from tuneup.record.schema import PHASE_NAMES, CollectiveRecord, RecordedStep
 
 # A slot per phase, in the schema's order (unpacking fails at import if the schema's list changes length).
@@ -176,16 +177,6 @@ def _set_fields(record: RecordedStep, values: dict[str, Any]) -> None:
     """Fill the step's fields that a collector resolved (comm_*, gns_*: StepRecord's names)."""
     for name, value in values.items():
         setattr(record, name, value)
-
-
-def to_float(value: Any) -> float | None:
-    """A device tensor's (or a number's) value, read on the caller's thread; None where there is none."""
-    if value is None:
-        return None
-    try:
-        return float(value.item() if hasattr(value, "item") else value)
-    except (TypeError, ValueError, RuntimeError):
-        return None
 
 
 class StepClock:
