@@ -687,7 +687,7 @@ def test_build_refuses_facts_it_cannot_place(line: str, error: str) -> None:
 
 def test_catalog_and_cost_packages_do_not_import_torch() -> None:
     code = (
-        "import sys, tuneup.cost.pricing, tuneup.cost.figures; import tuneup.catalog as c;"
+        "import sys, tuneup.cost.pricing, tuneup.cost.options; import tuneup.catalog as c;"
         "c.load_instances().lookup('aws:p4d.24xlarge');"
         "c.match_gpu('NVIDIA H200');"
         "assert not {'torch', 'lightning', 'pytorch_lightning'} & set(sys.modules), 'heavy import'"

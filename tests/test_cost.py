@@ -15,7 +15,7 @@ from tuneup.analyze.analysis import analyze_run
 from tuneup.analyze.model import to_json
 from tuneup.catalog import CatalogError, load_instances
 from tuneup.collect.flops import MicroBatchFlopCounter
-from tuneup.cost.figures import CostOptions
+from tuneup.cost.options import CostOptions
 from tuneup.cost.pricing import PriceChoice, PricingError, choice_from_env, job_price, price_for_run
 from tuneup.record import RankWriter, load_run, write_manifest
 

@@ -25,7 +25,7 @@ import pytest
 
 from tuneup.analyze.model import from_json
 from tuneup.cli import main
-from tuneup.cost.figures import CostOptions
+from tuneup.cost.options import CostOptions
 from tuneup.cost.pricing import PriceChoice
 from tuneup.record import RankWriter, write_manifest
 from tuneup.report import format as fmt

@@ -160,7 +160,7 @@ def test_the_committed_example_report_json_is_what_the_analysis_gives() -> None:
     """report.json of the committed example is exactly the analysis of its committed run: a change to the
     analysis, the model or its serialization that moves any figure shows here (regenerate the example
     with `tuneup report reports/example/run -o reports/example --price-per-hour 1.20` when it is meant)."""
-    from tuneup.cost.figures import CostOptions
+    from tuneup.cost.options import CostOptions
     from tuneup.cost.pricing import PriceChoice
     from tuneup.report import build_report
 

@@ -31,7 +31,7 @@ from tuneup.analyze.model import from_json
 from tuneup.catalog import CatalogError, load_instances
 from tuneup.cli import main
 from tuneup.collect.environment import REDACTED, capture_environment, captured_environment
-from tuneup.cost.figures import CostOptions
+from tuneup.cost.options import CostOptions
 from tuneup.cost.pricing import PriceChoice
 from tuneup.record import RankWriter, write_manifest
 from tuneup.report import build_report, report_schema, write_report

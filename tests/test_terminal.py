@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tuneup.analyze.model import Finding, RunAnalysis
-from tuneup.cost.figures import CostOptions
+from tuneup.cost.options import CostOptions
 from tuneup.cost.pricing import PriceChoice
 from tuneup.record import RankWriter, write_manifest
 from tuneup.report import analyze

@@ -15,7 +15,7 @@ import pytest
 
 from tuneup import TuneupCallback, load_run
 from tuneup.analyze.analysis import analyze_run
-from tuneup.cost.figures import CostOptions
+from tuneup.cost.options import CostOptions
 
 from workloads.loops import (
     KINDS,
@@ -197,7 +197,7 @@ def test_a_gan_run_reports_one_step_per_batch_and_projects_max_steps_in_batches(
     assert (info["steps_at_end"], info["optimizer_steps_at_end"]) == (STEPS, 2 * STEPS)
     assert clock.global_steps[-1] == 2 * STEPS  # Lightning counted both optimizers' steps
     # A run still going (here: the same record, not yet ended) projects max_steps in training steps.
-    from tuneup.cost.figures import optimizer_steps_per_step
+    from tuneup.analyze.cost import optimizer_steps_per_step
 
     assert optimizer_steps_per_step(run) == 2.0
 

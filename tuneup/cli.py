@@ -40,7 +40,7 @@ from tuneup._version import __version__
 
 if TYPE_CHECKING:
     from tuneup.catalog import InstanceCatalog
-    from tuneup.cost.figures import CostOptions
+    from tuneup.cost.options import CostOptions
     from tuneup.report import WrittenReport
 
 EXIT_USAGE = 2
@@ -85,7 +85,7 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
 def cost_options(args: argparse.Namespace) -> CostOptions | None:
     """The cost options given on the command line, checked; UsageError names the option and the fix."""
     from tuneup.catalog import CatalogError, load_instances
-    from tuneup.cost.figures import CostOptions
+    from tuneup.cost.options import CostOptions
     from tuneup.cost.pricing import PriceChoice, PricingError, check_choice
 
     for name in ("electricity_price", "target_tokens", "target_steps"):

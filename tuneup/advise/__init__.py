@@ -25,6 +25,7 @@ from tuneup.advise.observe import AdviceInputError, observe
 from tuneup.advise.step_model import ModelError, fit_step_model
 from tuneup.analyze.model import RunAnalysis
 from tuneup.analyze.noise_scale import NoiseVerdict, noise_verdict
+from tuneup.cost.pricing import usd_per_device_hour
 
 __all__ = ["Advice", "AdviceInputError", "AdviceOptions", "ModelError", "advise"]
 
@@ -82,11 +83,8 @@ def advise(analyses: Sequence[RunAnalysis], options: AdviceOptions | None = None
     model = fit_step_model(observations)
     o = observations[0]
     objective, verdict, objective_note = _objective(analyses)
-    usd_per_device_hour = (
-        o.usd_per_hour / o.devices_priced if o.usd_per_hour is not None and o.devices_priced else None
-    )
     economics = Economics(
-        usd_per_device_hour,
+        usd_per_device_hour(o.usd_per_hour, o.devices_priced),
         o.tokens_per_sample,
         verdict.b_simple if verdict else None,
         o.samples_per_step,

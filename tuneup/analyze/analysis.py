@@ -12,6 +12,7 @@ import time
 from tuneup._version import __version__
 from tuneup.analyze.communication import communication_section
 from tuneup.analyze.contention import cpu_contention
+from tuneup.analyze.cost import cost_section
 from tuneup.analyze.data_loading import data_loading
 from tuneup.analyze.findings import findings
 from tuneup.analyze.interruptions import interruptions_section
@@ -30,7 +31,7 @@ from tuneup.analyze.telemetry_section import telemetry
 from tuneup.analyze.throughput import step_time, throughput
 from tuneup.analyze.timeline import timeline
 from tuneup.analyze.timeseries import timeseries
-from tuneup.cost.figures import CostOptions, cost_inputs, cost_section
+from tuneup.cost.options import CostOptions, cost_inputs
 from tuneup.record.schema import Run
 
 
@@ -82,8 +83,7 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
         tel, cpu_contention=cpu_contention(sampled, run.rank_hosts, info.hardware.cpu_count)
     )
     comm = communication_section(run, steady)
-    price = inputs.price
-    per_device_hour = price.usd_per_hour / price.devices if price is not None and price.devices else None
+    per_device_hour = inputs.price.usd_per_device_hour if inputs.price is not None else None
     warnings = list(run.warnings) + cost_warnings
     if segments and len(segments) > 1:
         warnings.append(

@@ -34,6 +34,12 @@ def usd(amount: float | None) -> str:
     return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.4g}"
 
 
+def usd_per_device_hour(usd_per_hour: float | None, devices: int | None) -> float | None:
+    """One device's share of the job's price (a GPU, or a rank without GPUs): what the interruptions' lost
+    time and the advice's other world sizes are priced at. None where the job is not priced."""
+    return usd_per_hour / devices if usd_per_hour is not None and devices else None
+
+
 class PricingError(ValueError):
     """A price choice that cannot be used; the message names the option and the fix."""
 
@@ -168,6 +174,10 @@ class JobPrice:
     instance: Instance | None = None
     spot: bool = False
     doubts: list[str] = field(default_factory=list)
+
+    @property
+    def usd_per_device_hour(self) -> float | None:
+        return usd_per_device_hour(self.usd_per_hour, self.devices)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tuneup.analyze.model import Finding, RunAnalysis
-    from tuneup.cost.figures import CostOptions
+    from tuneup.cost.options import CostOptions
 
 FORMATS = ("html", "md", "json")
 REPORT_BASENAME = "report"

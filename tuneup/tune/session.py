@@ -77,8 +77,8 @@ def measure(trial: Trial, run_dir: Path) -> str | None:
     the Lightning namespace the run trained with."""
     from tuneup.advise.observe import AdviceInputError, observe
     from tuneup.analyze.analysis import analyze_run
+    from tuneup.analyze.cost import optimizer_steps_per_step
     from tuneup.compare.runs import summarize_run
-    from tuneup.cost.figures import optimizer_steps_per_step
     from tuneup.record import RunRecordError, load_run
 
     try:

@@ -1,15 +1,16 @@
 """The report's cost section: money per sample, token and epoch, projections, MFU and energy.
 
-Pure arithmetic over the analysis's figures, the manifest and the rank streams; no torch. Each figure is
-None when what it needs was not recorded, and `notes` says why, so a reader never mistakes a missing
-input for a zero.
+Part of the analysis, as every section is: it reads the analysis's own figures (throughput, telemetry, the
+timeline) and the price tuneup.cost resolved (`CostInputs`), and nothing below it reads back. Pure
+arithmetic over the analysis's figures, the manifest and the rank streams; no torch. Each figure is None
+when what it needs was not recorded, and `notes` says why, so a reader never mistakes a missing input for
+a zero.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 from tuneup._stats import finite
 from tuneup.analyze.model import (
@@ -26,54 +27,12 @@ from tuneup.analyze.model import (
     Timeline,
 )
 from tuneup.catalog import CATALOG_VERSION, CatalogError, load_gpu_specs, match_gpu, peak_tflops_for_precision
-from tuneup.cost.pricing import JobPrice, PriceChoice, price_for_run
+from tuneup.cost.options import CostInputs
+from tuneup.cost.pricing import JobPrice
 from tuneup.record.schema import Run
 
 J_PER_KWH = 3.6e6
 S_PER_HOUR = 3600.0
-
-
-@dataclass(frozen=True)
-class CostInputs:
-    """What the report's caller adds to the run: a price, an electricity price, targets to project to."""
-
-    price: JobPrice | None = None
-    not_priced_reason: str | None = None
-    electricity_usd_per_kwh: float | None = None
-    target_tokens: float | None = None
-    target_steps: int | None = None
-
-
-@dataclass(frozen=True)
-class CostOptions:
-    """What `tuneup report` may add or replace: a price, a user catalog, electricity, targets."""
-
-    price: PriceChoice | None = None
-    catalog: str | None = None
-    electricity_usd_per_kwh: float | None = None
-    target_tokens: float | None = None
-    target_steps: int | None = None
-
-
-def cost_inputs(run: Run, options: CostOptions | None) -> tuple[CostInputs, list[str]]:
-    """The report's price and electricity: the command line's, else what the run recorded."""
-    options = options or CostOptions()
-    recorded = run.manifest.raw.get("pricing")
-    recorded = recorded if isinstance(recorded, dict) else None
-    price, reason, warnings = price_for_run(
-        recorded,
-        options.price,
-        devices=run.manifest.world_size,
-        nodes=run.manifest.num_nodes,
-        catalog_path=options.catalog,
-    )
-    electricity = options.electricity_usd_per_kwh
-    if electricity is None and recorded is not None:
-        value = recorded.get("electricity_usd_per_kwh")
-        valid = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        electricity = float(value) if valid and value >= 0 else None
-    inputs = CostInputs(price, reason, electricity, options.target_tokens, options.target_steps)
-    return inputs, warnings
 
 
 def _per_usd(rate_per_s: float | None, usd_per_hour: float | None) -> float | None:
