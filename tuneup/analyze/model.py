@@ -945,7 +945,9 @@ class Timeline:
     first_step_extra_s: float | None = decimals(3, None)
 
 
-@dataclass(frozen=True, slots=True)
+# No slots: the report holds its advice on an analysis by a weak reference (tuneup/report/advice.py), which a
+# slotted class refuses before Python 3.11 (weakref_slot). One object per report: slots saved nothing here.
+@dataclass(frozen=True)
 class RunAnalysis:
     report_schema_version: int
     generated_unix: float

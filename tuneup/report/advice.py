@@ -4,20 +4,33 @@ read the same object), as format-neutral blocks for the "Recommendations" sectio
 
 from __future__ import annotations
 
+import weakref
+from functools import partial
+
 from tuneup._log import logger
 from tuneup.advise import Advice, AdviceInputError, AdviceOptions, ModelError, advise
 from tuneup.advise.model import Predicted, Range, Recommendation
 from tuneup.analyze.model import RunAnalysis
 from tuneup.report.blocks import Block, Bullets, Code, KeyValues, Paragraph, table
 
-# One analysis -> its advice. Keyed by identity, holding the analysis so that its id is not reused.
-_CACHE: dict[int, tuple[RunAnalysis, Advice | str]] = {}
+# One analysis -> its advice, for as long as the analysis lives: the terminal, HTML, Markdown and JSON of
+# one report each ask for it, and the advice (a model fit and its what-ifs) is worth making once. The entry
+# holds the analysis weakly and leaves when the analysis is collected, so it keeps no analysis (a 1,024-rank
+# one is large) alive, and a later object given the same id never finds it.
+_ADVICE: dict[int, tuple[weakref.ref[RunAnalysis], Advice | str]] = {}
+
+
+def _forget(key: int, ref: weakref.ref[RunAnalysis]) -> None:
+    entry = _ADVICE.get(key)
+    if entry is not None and entry[0] is ref:
+        del _ADVICE[key]
 
 
 def advice_for(analysis: RunAnalysis) -> Advice | str:
     """The advice for a report's run, or the sentence that says why there is none."""
-    hit = _CACHE.get(id(analysis))
-    if hit is not None and hit[0] is analysis:
+    key = id(analysis)
+    hit = _ADVICE.get(key)
+    if hit is not None and hit[0]() is analysis:
         return hit[1]
     try:
         result: Advice | str = advise([analysis], AdviceOptions())
@@ -26,9 +39,7 @@ def advice_for(analysis: RunAnalysis) -> Advice | str:
     except Exception as exc:  # a defect in the advice must not cost the user the report
         logger.warning("tuneup: the advice failed: %s: %s", type(exc).__name__, exc)
         result = f"the advice failed ({type(exc).__name__}: {exc}); please report it"
-    if len(_CACHE) > 8:
-        _CACHE.clear()
-    _CACHE[id(analysis)] = (analysis, result)
+    _ADVICE[key] = (weakref.ref(analysis, partial(_forget, key)), result)
     return result
 
 
