@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuneup.tune import knobs as registry
 from tuneup.tune.objective import OBJECTIVES
 from tuneup.tune.protocol import TRIAL_STEPS_HELP
-from tuneup.tune.space import COMM_HOOKS, KNOBS
 
 ACTION_HELP = (
     "Knob values are comma-separated lists; one value fixes a knob; a knob not given is tuned around the "
@@ -64,23 +64,10 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
             f"--target-{name}", type=float, metavar="N", help=f"for --objective time/cost: {what}"
         )
     knobs = tune.add_argument_group("knobs", ACTION_HELP)
-    knobs.add_argument("--batch-size", type=_list(int), metavar="B,...", help="per-rank micro-batch sizes")
-    knobs.add_argument(
-        "--accumulate", type=_list(int), metavar="K,...", help="accumulate_grad_batches values"
-    )
-    knobs.add_argument("--workers", type=_list(int), metavar="W,...", help="DataLoader num_workers values")
-    knobs.add_argument(
-        "--comm-hook", type=_list(str), metavar="H,...", help=f"DDP comm hooks: {', '.join(COMM_HOOKS)}"
-    )
-    knobs.add_argument(
-        "--bucket-cap-mb",
-        type=_list(int),
-        metavar="MB,...",
-        help="DDP gradient bucket sizes (DDP's default: 25)",
-    )
-    knobs.add_argument(
-        "--precision", type=_list(str), metavar="P,...", help="Lightning precisions (LightningCLI scripts)"
-    )
+    for knob in registry.knobs():
+        knobs.add_argument(
+            knob.option, dest=knob.name, type=_list(knob.value_type), metavar=knob.metavar, help=knob.help
+        )
     knobs.add_argument(
         "--keep-global-batch", action="store_true", help="only batch x accumulation equal to the current one"
     )
@@ -254,16 +241,8 @@ def _options(args: argparse.Namespace, usage_error: type[Exception]) -> Any:
 
 
 def _requested(args: argparse.Namespace) -> dict[str, list[Any]]:
-    asked = {
-        "batch_size": args.batch_size,
-        "accumulate_grad_batches": args.accumulate,
-        "num_workers": args.workers,
-        "comm_hook": args.comm_hook,
-        "bucket_cap_mb": args.bucket_cap_mb,
-        "precision": args.precision,
-    }
-    assert set(asked) == set(KNOBS)
-    return {k: v for k, v in asked.items() if v}
+    """The knob values given on the command line (each knob's option stores under its name)."""
+    return {k.name: getattr(args, k.name) for k in registry.knobs() if getattr(args, k.name, None)}
 
 
 def _checked_requested(args: argparse.Namespace, usage_error: type[Exception]) -> dict[str, list[Any]]:

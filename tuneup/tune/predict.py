@@ -1,7 +1,10 @@
 """How long would a step take at an untried configuration? The advice's step-time model, refitted after every
 trial, corrected by what the trials measured for the knobs it does not model.
 
-    step(c) = M(b, s) x exp(mu + e_workers(w) + e_hook(h) + e_precision(p))
+    step(c) = M(b, s) x exp(mu + e_workers(w) + e_hook(h) + e_precision(p) + ...)
+
+The knobs the predictor reads are the registry's (tuneup.tune.knobs): those with `model_input` go into M
+under their own names; those with `unmeasured` bounds are residual knobs, each with its effect e.
 
 M is tuneup.advise.step_model fitted to every measured trial of the baseline's precision: it predicts how
 the per-rank batch b and the accumulation s change compute, data wait and collectives. mu and the effects
@@ -23,14 +26,30 @@ from dataclasses import dataclass, field
 
 from tuneup.advise.model import Range, Setting
 from tuneup.advise.step_model import ModelError, StepTimeModel, fit_step_model
+from tuneup.tune import knobs as registry
+from tuneup.tune.knobs import StepShares
 from tuneup.tune.space import Config
 from tuneup.tune.state import Trial
 
-RESIDUAL_KNOBS = ("num_workers", "comm_hook", "bucket_cap_mb", "precision")
 RIDGE = 0.5  # pseudo-trials at effect 0: one trial at a level moves it two thirds of the way
 DEFAULT_SPREAD = 0.05  # log residual spread before three trials have measured it
 BACKFIT_ROUNDS = 25
 MIN_LOW_FRACTION = 0.1  # the shortest a predicted step may be, as a fraction of its point
+
+
+def residual_knobs() -> tuple[str, ...]:
+    """The knobs whose effects the trials measure (the step-time model alone does not predict them)."""
+    return tuple(k.name for k in registry.knobs() if k.unmeasured is not None)
+
+
+def model_setting(config: Config, world_size: int) -> Setting:
+    """The step-time model's setting for `config`: each knob with `model_input`, under its own name."""
+    inputs = {}
+    for k in registry.knobs():
+        if k.model_input:
+            value = getattr(config, k.name)
+            inputs[k.name] = k.model_default if value is None else value
+    return Setting(world_size=world_size, **inputs)
 
 
 @dataclass(slots=True)
@@ -50,7 +69,7 @@ class TrialModel:
         b = config.batch_size or 1
         s = config.accumulate_grad_batches or 1
         if self.model is not None:
-            step = self.model.predict(Setting(b, s, self.world_size, config.precision, config.num_workers))
+            step = self.model.predict(model_setting(config, self.world_size))
             mid, low, high = step.mean_ms.value, step.mean_ms.low, step.mean_ms.high
             data_share = step.terms_ms.get("data", 0.0) / mid if mid > 0 else 0.0
             comm_share = max(0.0, step.terms_ms.get("exposed_comm", 0.0)) / mid if mid > 0 else 0.0
@@ -64,12 +83,15 @@ class TrialModel:
         correction = self.offset
         low_factor, high_factor = 1.0, 1.0
         unmeasured = self.unmeasured_knobs(config)
-        for knob in RESIDUAL_KNOBS:
-            level = getattr(config, knob)
-            if knob not in unmeasured:
-                correction += self.effects.get((knob, level), 0.0)
+        shares = StepShares(data=data_share, comm=comm_share, on_gpu=self.on_gpu)
+        for entry in registry.knobs():
+            if entry.unmeasured is None:
+                continue  # the step-time model predicts it
+            level = getattr(config, entry.name)
+            if entry.name not in unmeasured:
+                correction += self.effects.get((entry.name, level), 0.0)
                 continue
-            lo, hi = self._unmeasured(knob, level, data_share, comm_share)
+            lo, hi = entry.unmeasured(level, shares)
             low_factor *= lo
             high_factor *= hi
         k = math.exp(correction)
@@ -82,29 +104,10 @@ class TrialModel:
         """The residual knobs at a level no trial has measured (the baseline's level counts as measured)."""
         return [
             k
-            for k in RESIDUAL_KNOBS
+            for k in residual_knobs()
             if getattr(config, k) != getattr(self.baseline, k)
             and getattr(config, k) not in self.measured_levels.get(k, ())
         ]
-
-    def _unmeasured(
-        self, knob: str, level: object, data_share: float, comm_share: float
-    ) -> tuple[float, float]:
-        """How far an unmeasured level could move the step: (low, high) factors."""
-        if knob == "num_workers":
-            # Up to all of the wait gone; worker processes also take CPU from the ranks.
-            return 1.0 - min(data_share, 0.95), 1.15
-        if knob == "comm_hook":
-            if level in ("fp16", "bf16"):
-                return 1.0 - 0.5 * min(comm_share, 0.95), 1.1
-            return 1.0 - min(comm_share, 0.95) * 0.5, 1.0 / (1.0 - 0.5 * min(comm_share, 0.9))
-        if knob == "bucket_cap_mb":
-            # Fewer, larger buckets pay less latency but start later behind backward: up to half the exposed
-            # communication either way.
-            return 1.0 - 0.5 * min(comm_share, 0.95), 1.0 + 0.5 * min(comm_share, 0.95)
-        # precision: 16-bit is several times faster on tensor cores, and >2x slower on CPUs without bf16
-        # units (pytorch #86270).
-        return (0.25, 1.3) if self.on_gpu else (0.8, 3.0)
 
 
 def fit_trial_model(trials: Sequence[Trial], baseline: Config, world_size: int) -> TrialModel:
@@ -116,9 +119,8 @@ def fit_trial_model(trials: Sequence[Trial], baseline: Config, world_size: int) 
     # The step model describes the baseline's workers, hook and precision (its data wait, collectives and
     # compute are theirs); other levels are the effects' to say. Without such trials, the baseline's
     # precision; without those, every trial.
-    at_baseline = [
-        t for t in measured if all(getattr(t.config, k) == getattr(baseline, k) for k in RESIDUAL_KNOBS)
-    ]
+    residual = residual_knobs()
+    at_baseline = [t for t in measured if all(getattr(t.config, k) == getattr(baseline, k) for k in residual)]
     same = at_baseline or [t for t in measured if t.config.precision == baseline.precision] or measured
     # The baseline first, when measured: the advice model's "current" setting.
     same.sort(key=lambda t: (t.config != baseline, t.index))
@@ -141,19 +143,20 @@ def fit_trial_model(trials: Sequence[Trial], baseline: Config, world_size: int) 
 
 def _fit_effects(out: TrialModel, residuals: list[tuple[Config, float]]) -> None:
     """Main effects of the residual knobs by backfitting, the baseline's level fixed at 0."""
+    residual = residual_knobs()
     levels: dict[str, set[object]] = defaultdict(set)
     for config, _ in residuals:
-        for knob in RESIDUAL_KNOBS:
+        for knob in residual:
             levels[knob].add(getattr(config, knob))
     out.measured_levels = dict(levels)
     effects: dict[tuple[str, object], float] = {}
 
     def effect_sum(config: Config, skip: str | None = None) -> float:
-        return sum(effects.get((k, getattr(config, k)), 0.0) for k in RESIDUAL_KNOBS if k != skip)
+        return sum(effects.get((k, getattr(config, k)), 0.0) for k in residual if k != skip)
 
     offset = statistics.fmean(r for _, r in residuals)
     for _ in range(BACKFIT_ROUNDS):
-        for knob in RESIDUAL_KNOBS:
+        for knob in residual:
             reference = getattr(out.baseline, knob)
             sums: dict[object, list[float]] = defaultdict(list)
             for config, r in residuals:

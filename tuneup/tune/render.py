@@ -29,6 +29,7 @@ from tuneup.advise.code import dataloader_args, ddp_strategy, trainer_args
 from tuneup.report import format as fmt
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import Block, Bullets, Code, Figure, KeyValues, Paragraph, Section, table
+from tuneup.tune import knobs as registry
 from tuneup.tune.objective import Objective, ObjectiveError
 from tuneup.tune.space import Config, SpaceError
 from tuneup.tune.state import (
@@ -57,19 +58,11 @@ RESULT_ID, SETTINGS_ID, TRIALS_ID = "result", "settings", "trials"
 STATUS_CHARS = 28
 REASON_CHARS = 300
 
-KNOB_NAMES = {
-    "batch_size": "batch size per rank",
-    "accumulate_grad_batches": "gradient accumulation",
-    "num_workers": "dataloader workers",
-    "comm_hook": "DDP comm hook",
-    "bucket_cap_mb": "DDP bucket size (MB)",
-    "precision": "precision",
-}
-# `tuneup tune --comm-hook` names -> the torch hook, as an expression under `default_hooks`.
-HOOK_EXPRESSIONS = {
-    "fp16": "default_hooks.fp16_compress_hook",
-    "bf16": "default_hooks.bf16_compress_hook",
-}
+
+def knob_title(name: str) -> str:
+    """A knob's name for people ("batch size per rank"); a knob this tuneup does not know, as it is."""
+    entry = registry.knob(name)
+    return entry.title if entry is not None else name
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -148,7 +141,7 @@ def _changes(state: TuneState) -> dict[str, tuple[Any, Any]]:
 
 def _changes_text(changes: Mapping[str, tuple[Any, Any]]) -> str:
     return "; ".join(
-        f"{KNOB_NAMES.get(k, k)} {fmt.text(old)} → {fmt.text(new)}" for k, (old, new) in changes.items()
+        f"{knob_title(k)} {fmt.text(old)} → {fmt.text(new)}" for k, (old, new) in changes.items()
     )
 
 
@@ -225,63 +218,52 @@ def _split_code(code: str) -> tuple[list[str], list[str]]:
     return imports, [line for line in lines if line not in imports]
 
 
+def _commented(lines: list[str], comments: Sequence[str]) -> list[str]:
+    """The knobs' comments at the end of the last line of their Python."""
+    if comments and lines:
+        lines[-1] += "  # " + "; ".join(comments)
+    return lines
+
+
 def settings_code(changes: Mapping[str, Any], namespace: str | None = None) -> tuple[str, str] | None:
     """(YAML, Python) that apply the knob values in `changes` (knob -> new value), or None for no change.
+    Each knob says its own code (tuneup.tune.knobs: DataLoader, Trainer or DDPStrategy arguments).
 
     The YAML is a LightningCLI config fragment (`data:` keys are the DataModule's init arguments, as
     LightningCLI passes them); the Python shows the DataLoader and Trainer arguments."""
-    if not changes:
+    parts = [k.code(changes[k.name]) for k in registry.knobs() if k.name in changes]
+    if not parts:
         return None
     imports: list[str] = []
     body: list[str] = []
     yaml_parts: list[str] = []
-    loader = {k: changes[k] for k in ("batch_size", "num_workers") if k in changes}
+    loader = {name: value for p in parts for name, value in p.dataloader.items()}
     if loader:
         python, yaml = dataloader_args(loader)
         more, lines = _split_code(python)
         imports += more
-        if "batch_size" in loader:
-            lines[-1] += "  # batch_size is per rank"
-        body += lines
+        body += _commented(lines, [p.comment for p in parts if p.dataloader and p.comment])
         yaml_parts.append(yaml)
-    trainer = {k: changes[k] for k in ("accumulate_grad_batches", "precision") if k in changes}
+    trainer: dict[str, object] = {name: value for p in parts for name, value in p.trainer.items()}
+    trainer_comments = [p.comment for p in parts if p.trainer and p.comment]
     trainer_yaml = trainer_args(namespace, trainer)[1].splitlines()[1:] if trainer else []
-    hook = changes.get("comm_hook")
-    notes: list[str] = []
-    ddp_kwargs: dict[str, str] = {}
-    if hook in HOOK_EXPRESSIONS:
-        ddp_kwargs["ddp_comm_hook"] = HOOK_EXPRESSIONS[hook]
-        if hook == "bf16":  # gloo cannot all-reduce bf16: there is no CPU way to offer
-            notes = [
-                "# Lightning applies ddp_comm_hook only on CUDA devices; the bf16 hook needs NCCL (GPUs)."
-            ]
-        else:
-            notes = [
-                "# Lightning applies ddp_comm_hook only on CUDA devices. On CPU (gloo), register the hook",
-                "# yourself, in a callback's on_fit_start(self, trainer, pl_module):",
-                f"#     trainer.strategy.model.register_comm_hook(None, {HOOK_EXPRESSIONS[hook]})",
-            ]
-    if "bucket_cap_mb" in changes:
-        ddp_kwargs["bucket_cap_mb"] = str(changes["bucket_cap_mb"])
+    notes = [line for p in parts for line in p.notes]
+    ddp_kwargs = {name: value for p in parts for name, value in p.ddp.items()}
     if ddp_kwargs:
         python, yaml = ddp_strategy(namespace, ddp_kwargs)
         imports += _split_code(python)[0]
         trainer_yaml += yaml.splitlines()[1:]
         shown = ", ".join(f"{k}={v}" for k, v in ddp_kwargs.items())
         trainer["strategy"] = _Expression(f"DDPStrategy({shown})")
-    elif hook is not None:  # "allreduce": DDP's own gradient all-reduce, without a hook
+    elif any(p.ddp_strategy for p in parts):  # DDP itself, without arguments
         trainer["strategy"] = "ddp"
         trainer_yaml += trainer_args(namespace, {"strategy": "ddp"})[1].splitlines()[1:]
     if trainer:
         more, lines = _split_code(trainer_args(namespace, trainer)[0])
         imports += more
-        body += lines
+        body += _commented(lines, trainer_comments)
         yaml_parts.append("\n".join(["trainer:", *trainer_yaml]))
-    yaml_text = "\n".join(yaml_parts)
-    if notes:
-        yaml_text += (
-            "\n# ddp_comm_hook is applied by Lightning only on CUDA devices (see the Python for CPU)."
-        )
+    yaml_text = "\n".join([*yaml_parts, *dict.fromkeys(p.yaml_note for p in parts if p.yaml_note)])
     ordered = sorted(dict.fromkeys(imports), key=lambda line: (line.split()[1].startswith("torch"), line))
     python_text = "\n".join([*ordered, "", *body, *notes])
     return yaml_text, python_text
@@ -461,11 +443,11 @@ def _result_blocks(state: TuneState, objective: Objective) -> list[Block]:
         pairs.insert(1, ("Your settings (baseline)", f"{baseline.config.label()} (trial #{baseline.index})"))
     if state.space is not None:
         tuned = state.space.tuned()
-        pairs.append(("Knobs searched", ", ".join(KNOB_NAMES.get(k, k) for k in tuned) or "none"))
+        pairs.append(("Knobs searched", ", ".join(knob_title(k) for k in tuned) or "none"))
     out.append(KeyValues("Session", tuple(pairs)))
     if state.dropped:
         out.append(Paragraph("Knobs dropped from the search:"))
-        out.append(Bullets(tuple(f"{KNOB_NAMES.get(k, k)}: {why}" for k, why in state.dropped.items())))
+        out.append(Bullets(tuple(f"{knob_title(k)}: {why}" for k, why in state.dropped.items())))
     return out
 
 
@@ -849,7 +831,7 @@ def format_tune_text(state: TuneState) -> str:
     if cut:
         lines.append(_plain(cut))
     for knob, why in state.dropped.items():
-        lines.append(f"dropped {KNOB_NAMES.get(knob, knob)}: {_plain(why)}")
+        lines.append(f"dropped {knob_title(knob)}: {_plain(why)}")
     if state.trials:
         lines.append("")
         rows = trial_rows(state, objective)

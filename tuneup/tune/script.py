@@ -3,11 +3,12 @@
 Two kinds of script:
 - "cli": a LightningCLI script. Settings become command-line overrides after the user's own arguments
   (later ones win): `--trainer.accumulate_grad_batches=4`, `--data.batch_size=64`,
-  `--trainer.precision=bf16-mixed`, `--data.num_workers=2`. Which keys exist comes from the script's own
-  resolved configuration (`--print_config`): the batch size and worker count are wherever the datamodule
-  or model takes them (`data.batch_size`, `data.init_args.batch_size`, `model.batch_size`, ...). What has
-  no key (the comm hook, a worker count the datamodule does not take) goes to TuneupCallback through the
-  environment, and `--trainer.callbacks+=tuneup.TuneupCallback` is added when the config has none.
+  `--trainer.precision=bf16-mixed`, `--data.num_workers=2`. Each knob's key is in the registry
+  (tuneup.tune.knobs): a Trainer argument's is fixed (`cli_key`); an init argument (`cli_arg`) is wherever
+  the script's own resolved configuration (`--print_config`) has the datamodule or model take it
+  (`data.batch_size`, `data.init_args.batch_size`, `model.batch_size`, ...). What has no key (the comm
+  hook, a worker count the datamodule does not take) goes to TuneupCallback through the environment, and
+  `--trainer.callbacks+=tuneup.TuneupCallback` is added when the config has none.
 - "callback": any other script that trains with `TuneupCallback()`: every setting goes through the
   environment (TUNEUP_TRIAL) and the callback applies it (plugins/lightning/trial.py).
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuneup.tune import knobs as registry
 from tuneup.tune.space import Config
 
 CALLBACK_PATH = "tuneup.TuneupCallback"
@@ -176,16 +178,21 @@ def read_cli_config(argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
     return dict(config)
 
 
+# Where a knob's init argument (its `cli_arg`) is looked for in a LightningCLI config, in this order.
+CLI_ARG_SECTIONS = ("data", "model")
+
+
 def cli_script(argv: list[str], config: Mapping[str, Any]) -> Script:
+    """A LightningCLI script: each knob's override key is its fixed `cli_key` (a Trainer argument), or its
+    `cli_arg` where the resolved config has one (tuneup.tune.knobs)."""
     flat = _flatten(config)
-    overrides: dict[str, str] = {
-        "accumulate_grad_batches": "trainer.accumulate_grad_batches",
-        "precision": "trainer.precision",
-    }
-    for knob, name in (("batch_size", "batch_size"), ("num_workers", "num_workers")):
-        key = _find_key(flat, ("data", "model"), name)
+    overrides: dict[str, str] = {}
+    for knob in registry.knobs():
+        key = knob.cli_key
+        if key is None and knob.cli_arg is not None:
+            key = _find_key(flat, CLI_ARG_SECTIONS, knob.cli_arg)
         if key is not None:
-            overrides[knob] = key
+            overrides[knob.name] = key
     current = {knob: flat.get(key) for knob, key in overrides.items() if key in flat}
     callbacks = (config.get("trainer") or {}).get("callbacks") or []
     if not isinstance(callbacks, list):

@@ -23,6 +23,8 @@ from typing import Any
 from tuneup.compare.rule import Rule
 from tuneup.compare.stats import geometric_gain
 from tuneup.record.schema import ENV_RUN_DIR
+from tuneup.tune import knobs as registry
+from tuneup.tune.knobs import SpaceContext
 from tuneup.tune.objective import Objective
 from tuneup.tune.protocol import ENV_SESSION, ENV_TRIAL, StopRule, TrialSpec
 from tuneup.tune.runner import Limits, run_supervised
@@ -106,16 +108,10 @@ def _world_size(trial: Trial | None) -> int:
 
 
 def config_of_run(trial: Trial) -> Config:
-    """The settings a trial's run really had, from its record."""
+    """The settings a trial's run really had, from its record (each knob's `from_run`)."""
     o = trial.observation
     assert o is not None
-    return Config(
-        batch_size=o.batch_size,
-        accumulate_grad_batches=o.accumulation,
-        num_workers=o.num_workers,
-        comm_hook="allreduce" if o.world_size > 1 else None,
-        precision=o.precision,
-    )
+    return Config(**{k.name: k.from_run(o) for k in registry.knobs() if k.from_run is not None})
 
 
 def default_space(
@@ -126,20 +122,13 @@ def default_space(
     on_gpu: bool,
     cpus: int,
 ) -> SearchSpace:
-    """The knob values asked for, and around the baseline for those not given: the per-rank batch from half
-    to 4x, accumulation 1/2/4, workers up to Lightning's suggestion (CPUs per rank - 1), the fp16 hook (and
-    bf16 on GPUs) where ranks communicate. Precision is tuned only when asked (--precision)."""
-    values: dict[str, tuple[Any, ...]] = {}
-    b = baseline.batch_size
-    values["batch_size"] = tuple(sorted({max(1, b // 2), b, 2 * b, 4 * b})) if b else ()
-    values["accumulate_grad_batches"] = (1, 2, 4)
-    if baseline.num_workers is not None:
-        most = max(1, cpus // max(1, ranks_per_node) - 1)
-        values["num_workers"] = tuple(sorted({0, 1, min(2, most), min(4, most), baseline.num_workers}))
-    values["comm_hook"] = (
-        (("allreduce", "fp16", "bf16") if on_gpu else ("allreduce", "fp16")) if world_size > 1 else ()
-    )
-    values["precision"] = ()
+    """The knob values asked for, and around the baseline for those not given (each knob's `defaults`: the
+    per-rank batch from half to 4x, accumulation 1/2/4, workers up to Lightning's suggestion (CPUs per rank -
+    1), the fp16 hook (and bf16 on GPUs) where ranks communicate; precision only when asked)."""
+    job = SpaceContext(world_size=world_size, ranks_per_node=ranks_per_node, on_gpu=on_gpu, cpus=cpus)
+    values: dict[str, tuple[Any, ...]] = {
+        k.name: k.defaults(getattr(baseline, k.name), job) for k in registry.knobs()
+    }
     for knob, asked in requested.items():
         if asked:
             values[knob] = tuple(asked)
@@ -303,7 +292,7 @@ class Session:
         if config is None:
             return
         ran = config_of_run(trial)
-        for knob in ("batch_size", "accumulate_grad_batches", "num_workers", "precision"):
+        for knob in (k.name for k in registry.knobs() if k.verify):
             wanted, got = getattr(config, knob), getattr(ran, knob)
             if wanted is not None and got is not None and str(wanted) != str(got):
                 trial.status = FAILED
@@ -356,7 +345,7 @@ class Session:
                 obs.cpu_count or 1,
             )
             if self.state.options.get("keep_global_batch"):
-                space = replace(space, keep_global_batch=True)
+                space = space.replace(keep_global_batch=True)
             self.state.space = space.with_baseline(baseline.config)
             self._save()
         search = self.search()

@@ -14,10 +14,12 @@ read every run again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
 import time
+import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,8 +93,32 @@ class Trial:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trial:
         """A trial as tune.json keeps it, typed field by field (AnalysisFormatError names a field that does not
-        fit)."""
-        return read_dataclass(cls, dict(data), "trial")
+        fit; SpaceError an unknown knob or a knob's value of the wrong type)."""
+        document = dict(data)
+        config = Config.from_dict(document.pop("config", None) or {})
+        figures = read_dataclass(_trial_document(), document, "trial")
+        return cls(config=config, **{f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)})
+
+
+@functools.cache
+def _trial_document() -> type:
+    """Trial's fields but its configuration, as a dataclass the typed reader reads (a configuration has one
+    attribute per registered knob, not fields of its own: Config.from_dict reads it)."""
+    hints = typing.get_type_hints(Trial)
+    specs: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(Trial):
+        if f.name == "config":
+            continue
+        if f.default is not dataclasses.MISSING:
+            spec = field(default=f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            spec = field(default_factory=f.default_factory)
+        else:
+            spec = field()
+        specs.append((f.name, hints[f.name], spec))
+    document = dataclasses.make_dataclass("TrialDocument", specs)
+    document.__module__ = __name__  # where the typed reader resolves its annotations
+    return document
 
 
 @dataclass(slots=True)
