@@ -1,0 +1,106 @@
+"""A Lightning Fabric training loop with a known delay in each phase (workloads.loops), recorded by tuneup's
+Fabric adapter: in-process (`train(...)`), or as a script that Fabric's DDP launcher starts again per rank.
+
+    python tests/workloads/fabric_loop.py --out RUN_DIR [--devices 2] [--steps 8] [--accumulate 2]
+
+The loop is Fabric's own idiom, with the one line tuneup asks for (`instrument(fabric, ...)`):
+`fabric.setup`, `fabric.setup_dataloaders`, `fabric.no_backward_sync` while accumulating,
+`fabric.backward`, `optimizer.step()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workloads.loops import Delays, SleepySGD, _sleep_ms, _SlowBackward, make_loader, pauses_outside_steps
+
+DEFAULT_DELAYS = Delays()
+
+
+class Net(torch.nn.Module):
+    """Its forward holds the forward delay, and its loss the backward delay (an autograd function)."""
+
+    def __init__(self, delays: Delays) -> None:
+        super().__init__()
+        self.delays = delays
+        self.net = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _sleep_ms(self.delays.forward_ms, "forward")
+        return _SlowBackward.apply(self.head(self.net(x)).pow(2).mean(), self.delays.backward_ms)
+
+
+def train(
+    fabric: Any,
+    out: Path | str,
+    steps: int,
+    accumulate: int = 1,
+    delays: Delays = DEFAULT_DELAYS,
+    alternate_control: bool = False,
+    **options: Any,
+) -> Any:
+    """Train `steps` optimizer steps of `accumulate` micro-batches each; returns the recorder, closed.
+    `alternate_control`: every odd step is a control step, whose delays are pauses outside it
+    (workloads.loops.pauses_outside_steps), interleaved with the delayed ones so that both see the same
+    load on a shared machine. The switch is made after a step's optimizer step, before the next fetch."""
+    from tuneup.plugins.fabric import instrument
+
+    recorder = instrument(fabric, dirpath=out, **options)
+    model = Net(delays)
+    optimizer = SleepySGD(model.parameters(), delays.optimizer_ms)
+    model, optimizer = fabric.setup(model, optimizer)
+    # Enough batches for every rank's steps in one epoch, and a few over.
+    loader = fabric.setup_dataloaders(
+        make_loader(delays, batches=(steps * accumulate + 4) * fabric.world_size)
+    )
+    session = recorder.session
+    pauses: Any = None
+    done = 0
+    for i, batch in enumerate(loader):
+        stepping = (i + 1) % accumulate == 0
+        with fabric.no_backward_sync(model, enabled=not stepping):
+            fabric.backward(model(batch))
+        if stepping:
+            optimizer.step()
+            optimizer.zero_grad()
+            done += 1
+            if pauses is not None:
+                pauses.__exit__(None, None, None)
+                pauses = None
+            elif alternate_control:
+                pauses = pauses_outside_steps(session.exclude_start, session.exclude_end)
+                pauses.__enter__()
+            if done == steps:
+                break
+    if pauses is not None:
+        pauses.__exit__(None, None, None)
+    recorder.close()
+    return recorder
+
+
+def main(argv: list[str] | None = None) -> None:
+    from lightning.fabric import Fabric
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--accumulate", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    fabric = Fabric(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto")
+    fabric.launch()
+    train(fabric, args.out, args.steps, args.accumulate, Delays(2.0, 2.0, 2.0, 2.0), telemetry_interval_s=0.5)
+
+
+if __name__ == "__main__":
+    main()

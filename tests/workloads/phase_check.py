@@ -1,0 +1,76 @@
+"""The check every adapter's accuracy test makes: a delay injected into a phase comes back in that phase.
+
+Per step, what the step's phase took less the delays injected into it within the step's time window (as
+they really took: workloads.loops records each) is the loop's own work in that phase; it must match the
+same phase of control steps of the same loop, whose delays are pauses outside the steps, within 10% of
+the delay or 2 ms.
+
+Each side is summarised by its lower quartile over the steps, not its median. On a shared 2-core machine
+a preemption adds ~10 ms to whatever phase it lands in, in a third of the steps or more: the medians of
+16 steps of a tiny GPT-2's own forward moved by up to 5 ms between interleaved halves of one run, while
+their lower quartiles agreed within 1 ms. Preemptions only ever add time; a phase that is given time that
+is not its own (or loses its own) is off in every step, which moves the quartile as much as the median.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from workloads.loops import INJECTED, Delays
+
+
+def low_quartile(values: Iterable[float]) -> float:
+    return statistics.quantiles(list(values), n=4)[0]
+
+
+def phase_own_ms(steps: Sequence[Any], phases: Iterable[str]) -> dict[str, float]:
+    """The loop's own time in each phase, in milliseconds, from control steps (no delay in them)."""
+    return {p: low_quartile(getattr(s, f"{p}_ms") for s in steps) for p in phases}
+
+
+def injected_snapshot() -> list[tuple[str, float, float]]:
+    """The delays injected so far (workloads.loops.INJECTED), kept apart from later runs' in this process."""
+    return list(INJECTED)
+
+
+def phase_errors(
+    steady: Sequence[Any],
+    own_ms: Mapping[str, float],
+    calls: Mapping[str, int],
+    delays: Delays,
+    injected_events: Sequence[tuple[str, float, float]],
+) -> dict[str, tuple[float, float, float]]:
+    """Per phase in `calls` (delays injected per step): (error in ms, tolerance in ms, the median injected
+    ms per step). The error is the delayed steps' phase less their injected delays, less the control's
+    (`phase_own_ms`). `injected_events`: the delayed run's (`injected_snapshot()` right after it)."""
+    errors: dict[str, tuple[float, float, float]] = {}
+    for phase, n in calls.items():
+        injected = [
+            sum(
+                ms
+                for p, t, ms in injected_events
+                if p == phase and s.t_end - s.wall_ms / 1000.0 <= t <= s.t_end
+            )
+            for s in steady
+        ]
+        injected_ms = statistics.median(injected)
+        # The delays must have landed inside the steps at all, or the check below proves nothing.
+        assert injected_ms > 0.9 * n * getattr(delays, f"{phase}_ms"), (phase, injected)
+        left_ms = low_quartile(getattr(s, f"{phase}_ms") - i for s, i in zip(steady, injected, strict=True))
+        errors[phase] = (left_ms - own_ms[phase], max(0.10 * injected_ms, 2.0), injected_ms)
+    return errors
+
+
+def assert_delays_come_back(
+    steady: Sequence[Any],
+    own_ms: Mapping[str, float],
+    calls: Mapping[str, int],
+    delays: Delays,
+    injected_events: Sequence[tuple[str, float, float]],
+) -> dict[str, tuple[float, float, float]]:
+    errors = phase_errors(steady, own_ms, calls, delays, injected_events)
+    for phase, (error_ms, tolerance_ms, injected_ms) in errors.items():
+        assert abs(error_ms) <= tolerance_ms, (phase, round(error_ms, 2), tolerance_ms, injected_ms)
+    return errors
