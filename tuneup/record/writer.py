@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import operator
 import os
 import threading
 import time
@@ -127,35 +128,30 @@ def _clean(key: str, value: Any) -> Any:
     return float(f"{value:.7g}") if key in _SIGNIFICANT else round(value, 3)
 
 
-# The fields of a step line, in StepRecord's order; one left out where it holds nothing (None, or a
-# `checkpoint` that is False): the reader reads an absent field as not measured.
+# The fields of a typed record's line, in its dataclass's order; one left out where it holds nothing (None,
+# or a `checkpoint` that is False): the reader reads an absent field as not measured. Read with one
+# attrgetter call: the writer's thread does this for every step.
 _STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
+_step_values = operator.attrgetter(*_STEP_FIELDS)
 _COLLECTIVE_FIELDS = tuple(f.name for f in fields(CollectiveRecord))
+_collective_values = operator.attrgetter(*_COLLECTIVE_FIELDS)
 
 
-def _present(record: object, names: tuple[str, ...]) -> dict[str, Any]:
-    return {
-        name: value
-        for name in names
-        if (value := getattr(record, name)) is not None and value is not False
+def _typed_line(record: object, names: tuple[str, ...], values: Callable[[object], tuple[Any, ...]]) -> str:
+    """A typed record's line: its fields that hold something, cleaned as `dumps_line` cleans them (one
+    pass: this runs for every kept step)."""
+    present = {
+        k: _clean(k, v) if isinstance(v, float) else v
+        for k, v in zip(names, values(record), strict=True)
+        if v is not None and v is not False
     }
-
-
-def step_fields(record: StepRecord) -> dict[str, Any]:
-    """A step record as its line in steps.jsonl holds it (what the reader reads back as that record)."""
-    return _present(record, _STEP_FIELDS)
-
-
-def collective_fields(record: CollectiveRecord) -> dict[str, Any]:
-    """A collective as its line in collectives.jsonl holds it."""
-    return _present(record, _COLLECTIVE_FIELDS)
+    return json.dumps(present, default=_json_default, separators=(",", ":")) + "\n"
 
 
 def dumps_line(record: Mapping[str, Any]) -> str:
-    return (
-        json.dumps({k: _clean(k, v) for k, v in record.items()}, default=_json_default, separators=(",", ":"))
-        + "\n"
-    )
+    # _clean only where it can change something: a call per field is most of a line's cost.
+    cleaned = {k: _clean(k, v) if isinstance(v, float) else v for k, v in record.items()}
+    return json.dumps(cleaned, default=_json_default, separators=(",", ":")) + "\n"
 
 
 def write_json_atomic(path: Path, obj: Mapping[str, Any]) -> None:
@@ -191,40 +187,50 @@ def _sig6(value: float) -> float | int:
     return value if isinstance(value, int) else float(f"{value:.6g}")
 
 
-class _Window:
-    """The steps of one window, kept until it is complete; its statistics are computed once, at the end."""
+# What a window needs of each step, in this order: one attrgetter call reads it from a StepRecord.
+_WINDOW_FIELDS = ("step", "t_end", "micro_batches", *STEP_METRICS)
+_window_values = operator.attrgetter(*_WINDOW_FIELDS)
+_W = {name: i for i, name in enumerate(_WINDOW_FIELDS)}
+_W_STEP, _W_T_END, _W_MICRO, _W_WALL = _W["step"], _W["t_end"], _W["micro_batches"], _W["wall_ms"]
+_W_SAMPLES, _W_TOKENS = _W["samples"], _W["tokens"]
 
-    __slots__ = ("records",)
+
+class _Window:
+    """The steps of one window (what the window needs of each, `_WINDOW_FIELDS`), kept until it is
+    complete; its statistics are computed once, at the end."""
+
+    __slots__ = ("rows",)
 
     def __init__(self) -> None:
-        self.records: list[Mapping[str, Any]] = []
+        self.rows: list[tuple[Any, ...]] = []
 
-    def add(self, rec: Mapping[str, Any]) -> None:
-        self.records.append(rec)
+    def add(self, row: tuple[Any, ...]) -> None:
+        self.rows.append(row)
 
     @property
     def count(self) -> int:
-        return len(self.records)
+        return len(self.rows)
 
     def as_record(self) -> dict[str, Any]:
-        recs = self.records
-        first, last = recs[0], recs[-1]
+        rows = self.rows
+        first, last = rows[0], rows[-1]
         stats = {}
         for metric in STEP_METRICS:
-            values = [v for r in recs if (v := r.get(metric)) is not None and math.isfinite(v)]
+            i = _W[metric]
+            values = [v for r in rows if (v := r[i]) is not None and math.isfinite(v)]
             if values:
                 stats[metric] = summarize(values)
-        samples = [r["samples"] for r in recs if r.get("samples") is not None]
-        tokens = [r["tokens"] for r in recs if r.get("tokens") is not None]
+        samples = [r[_W_SAMPLES] for r in rows if r[_W_SAMPLES] is not None]
+        tokens = [r[_W_TOKENS] for r in rows if r[_W_TOKENS] is not None]
         return {
-            "first_step": first["step"],
-            "last_step": last["step"],
-            "count": len(recs),
-            "t_start": round(first["t_end"] - first["wall_ms"] / 1000.0, 3),
-            "t_end": round(last["t_end"], 3),
+            "first_step": first[_W_STEP],
+            "last_step": last[_W_STEP],
+            "count": len(rows),
+            "t_start": round(first[_W_T_END] - first[_W_WALL] / 1000.0, 3),
+            "t_end": round(last[_W_T_END], 3),
             "samples": sum(samples) if samples else None,
             "tokens": sum(tokens) if tokens else None,
-            "micro_batches": sum(r.get("micro_batches", 0) for r in recs),
+            "micro_batches": sum(r[_W_MICRO] or 0 for r in rows),
             "stats": stats,
         }
 
@@ -386,24 +392,29 @@ class RankWriter:
         collectives: Any
         if isinstance(record, StepRecord):
             collectives = getattr(record, "collectives", None)
-            record = step_fields(record)
+            step = record.step
+            row = _window_values(record)
         else:
             collectives = record.get("_collectives")
             if collectives is not None:
                 record = {k: v for k, v in record.items() if k != "_collectives"}
-        step = record["step"]
+            step = record["step"]
+            row = tuple(map(record.get, _WINDOW_FIELDS))
         window_id = step // self.policy.window_steps
         if self._window_id is not None and window_id != self._window_id:
             self._emit_window()
         self._window_id = window_id
-        self._window.add(record)
+        self._window.add(row)
         if self.policy.keeps(step, self.steps_seen):
-            self._steps.append(dumps_line(record))
+            if isinstance(record, StepRecord):
+                self._steps.append(_typed_line(record, _STEP_FIELDS, _step_values))
+            else:
+                self._steps.append(dumps_line(record))
             self.steps_kept += 1
             # Every collective of a kept step; the others are in the step's comm_* figures and windows.
             for collective in collectives or ():
                 if isinstance(collective, CollectiveRecord):
-                    self._collectives.append(dumps_line(collective_fields(collective)))
+                    self._collectives.append(_typed_line(collective, _COLLECTIVE_FIELDS, _collective_values))
                 else:
                     self._collectives.append(dumps_line({"step": step, **collective}))
         self.steps_seen += 1
@@ -423,8 +434,9 @@ class RankWriter:
         """One timed collective (a CollectiveRecord, or a mapping of its fields); written with the next
         flush."""
         if isinstance(record, CollectiveRecord):
-            record = collective_fields(record)
-        self._collectives.append(dumps_line(record))
+            self._collectives.append(_typed_line(record, _COLLECTIVE_FIELDS, _collective_values))
+        else:
+            self._collectives.append(dumps_line(record))
 
     def add_event(self, kind: str, **fields: Any) -> None:
         self._events.append(dumps_line({"t": round(time.time(), 3), "kind": kind, **fields}))
