@@ -6,12 +6,14 @@ that rank writes. `load_run` reads it back into typed objects. Nothing here impo
 
 from tuneup.record.reader import RunRecordError, load_run
 from tuneup.record.schema import (
+    PHASE_NAMES,
     SCHEMA_VERSION,
     STEP_METRICS,
     CollectiveRecord,
     Manifest,
     RankInfo,
     RankRecord,
+    RecordedStep,
     Run,
     StepRecord,
     WindowAggregate,
@@ -19,6 +21,7 @@ from tuneup.record.schema import (
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
 
 __all__ = [
+    "PHASE_NAMES",
     "SCHEMA_VERSION",
     "STEP_METRICS",
     "CollectiveRecord",
@@ -26,6 +29,7 @@ __all__ = [
     "RankInfo",
     "RankRecord",
     "RankWriter",
+    "RecordedStep",
     "RecordingPolicy",
     "Run",
     "RunRecordError",
