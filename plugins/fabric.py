@@ -44,7 +44,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tuneup._log import warn_once
 from tuneup.collect.batch import BatchCounter
+from tuneup.record.schema import STOP_USER_INTERRUPT
 from tuneup.recording import RecordingSession, TrainerRanks, TrainingFacts, policies_from_keywords
 from tuneup.recording.describe import loader_summary, model_summary, plain_value
 
@@ -138,6 +140,12 @@ class FabricRecorder:
             if self._in_batch and hasattr(tensor, "detach"):
                 loss = tensor.detach()
                 self._loss = loss if self._loss is None else self._loss + loss
+            elif not self._started:
+                warn_once(
+                    "fabric-no-batches",
+                    "tuneup sees no training batches: iterate the loader fabric.setup_dataloaders returns "
+                    "(or recorder.loader(your_loader)) to record the loop's steps",
+                )
             session.before_backward()
             try:
                 return original_backward(tensor, *args, **kwargs)
@@ -256,6 +264,7 @@ class FabricRecorder:
         fabric = self.fabric
         model = self._model
         try:
+            summary = model_summary(model) if model is not None else {}
             num_nodes = int(getattr(fabric.strategy, "num_nodes", 1) or 1)
             facts = TrainingFacts(
                 device=fabric.device,
@@ -270,8 +279,8 @@ class FabricRecorder:
                 ddp_model=self._ddp_model,
                 trainer=_fabric_config(fabric),
                 dataloader=loader_summary(self._train_loader),
-                model=model_summary(model) if model is not None else {},
-                compiled=bool(model is not None and (model_summary(model).get("compiled") or [])),
+                model=summary,
+                compiled=bool(summary.get("compiled")),
                 gap_is_data=False,  # the fetches are marked: the rest of the gap is the loop's own
                 trainer_name="lightning.fabric",
             )
@@ -281,25 +290,32 @@ class FabricRecorder:
         self.session.start(facts)
 
     def _close_at_exit(self) -> None:
-        # An exception that ends the script is known here (the interpreter keeps it for post-mortems).
-        exc = getattr(sys, "last_value", None)
-        if exc is not None:
-            self.session.exception(exc)
-            self.close("interrupted" if isinstance(exc, KeyboardInterrupt) else "exception")
-        else:
-            self.close()
+        # Fabric has no exception hook: an exception that ended the script is known here (the interpreter
+        # keeps it for post-mortems).
+        self.close(getattr(sys, "last_value", None))
 
-    def close(self, status: str = "completed") -> None:
-        """End the record (the batch still open ends now). Idempotent."""
+    def close(self, exc: BaseException | None = None) -> None:
+        """End the record (the batch still open ends now); `exc`: the exception that ended the loop, if any.
+        Idempotent; the end of the process calls it too."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._close_at_exit)
+        session = self.session
         try:
             self._batch_ends()
-            self.session.train_end()
-            self.session.close(status)
-            self.session.finish()
+            session.train_end()
+            if exc is None:
+                # A loop does not say why it ended (its data ran out, a step budget, a decision of its own).
+                session.close("completed")
+            else:
+                session.exception(exc)
+                interrupted = isinstance(exc, KeyboardInterrupt)
+                session.close(
+                    "interrupted" if interrupted else "exception",
+                    stop_reason=STOP_USER_INTERRUPT if interrupted else "exception",
+                )
+            session.finish(was_closed=exc is None)
         finally:
             self._uninstall()
 

@@ -41,6 +41,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tuneup.collect.batch import BatchCounter
+from tuneup.record.schema import STOP_USER_INTERRUPT
 from tuneup.recording import RecordingSession, TorchRanks, TrainingFacts, policies_from_keywords
 from tuneup.recording.describe import loader_summary, model_summary
 
@@ -151,25 +152,33 @@ class TuneupTrainerCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._micro_batch_ends(state)
         max_steps = int(state.max_steps or 0)
-        stop = "max_steps" if 0 < max_steps <= int(state.global_step) else None
-        self.session.train_end()
-        self._close("completed", stop)
+        self._close(stop_reason="max_steps" if 0 < max_steps <= int(state.global_step) else None)
 
-    def _close(self, status: str, stop_reason: str | None = None) -> None:
+    def _close_at_exit(self) -> None:
+        # The Trainer has no exception event: an exception that ended the script is known here (the
+        # interpreter keeps it for post-mortems).
+        self._close(getattr(sys, "last_value", None))
+
+    def _close(self, exc: BaseException | None = None, stop_reason: str | None = None) -> None:
         for handle in [*self._handles, self._ddp_watch]:
             if handle is not None:
                 handle.remove()
         self._handles, self._ddp_watch = [], None
         atexit.unregister(self._close_at_exit)
-        self.session.close(status, stop_reason=stop_reason)
-        self.session.finish()
-
-    def _close_at_exit(self) -> None:
-        # The Trainer has no exception event: an exception that ended the script is known here.
-        exc = getattr(sys, "last_value", None)
-        if exc is not None:
-            self.session.exception(exc)
-        self._close("exception" if exc is not None else "teardown")
+        session = self.session
+        if session.closed or session.run_dir is None:
+            return
+        session.train_end()
+        if exc is None:
+            session.close("completed", stop_reason=stop_reason)
+        else:
+            session.exception(exc)
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            session.close(
+                "interrupted" if interrupted else "exception",
+                stop_reason=STOP_USER_INTERRUPT if interrupted else "exception",
+            )
+        session.finish(was_closed=exc is None)
 
     # -- one micro-batch ------------------------------------------------------------------------------
 

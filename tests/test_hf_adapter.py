@@ -25,7 +25,7 @@ from workloads.hf_trainer import BATCH_SIZE, SEQUENCE
 from workloads.loops import Delays, clear_injected
 from workloads.phase_check import assert_delays_come_back, injected_snapshot, phase_own_ms
 
-STEPS = 40
+STEPS = 48
 ACCUMULATE = 2
 DELAYS = Delays()
 PHASES = ("data", "forward", "backward", "optimizer")
