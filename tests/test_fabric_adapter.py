@@ -84,15 +84,25 @@ def test_report_advise_and_compare_read_the_record(fabric_run: dict[str, Any], t
     assert (tmp_path / "report" / "report.html").is_file()
     assert main(["advise", run, "--no-whatif"]) == 0
     # Against a short run of the same loop without its delays: faster, or no verdict with one run a side.
+    # That run validates (a second loader Fabric set up) and saves a checkpoint every 4 steps: neither is
+    # any step's time, and both are in the job's timeline.
     baseline = train(
         Fabric(accelerator="cpu", devices=1),
         tmp_path / "baseline",
         8,
         ACCUMULATE,
         Delays(0, 0, 0, 0),
+        validate_every=4,
+        validation_ms=30.0,
         count_flops=False,
     )
     assert main(["compare", str(baseline.run_dir), run]) in (0, 1)
+    record = load_run(baseline.run_dir)
+    steps = record.steps(0)
+    assert [s.step for s in steps] == list(range(8))
+    assert max(s.wall_ms for s in steps) < 30.0, [round(s.wall_ms, 1) for s in steps]
+    kinds = [e.get("kind") for e in record.ranks[0].events]
+    assert kinds.count("validation") == 2 and kinds.count("checkpoint") == 2, kinds
 
 
 @pytest.mark.slow

@@ -46,12 +46,16 @@ def train(
     accumulate: int = 1,
     delays: Delays = DEFAULT_DELAYS,
     alternate_control: bool = False,
+    validate_every: int = 0,
+    validation_ms: float = 0.0,
     **options: Any,
 ) -> Any:
     """Train `steps` optimizer steps of `accumulate` micro-batches each; returns the recorder, closed.
     `alternate_control`: every odd step is a control step, whose delays are pauses outside it
     (workloads.loops.pauses_outside_steps), interleaved with the delayed ones so that both see the same
-    load on a shared machine. The switch is made after a step's optimizer step, before the next fetch."""
+    load on a shared machine. The switch is made after a step's optimizer step, before the next fetch.
+    `validate_every`: after every that many steps, two validation batches (`validation_ms` each, from a
+    second loader Fabric set up) and a checkpoint saved with `fabric.save`."""
     from tuneup.plugins.fabric import instrument
 
     recorder = instrument(fabric, dirpath=out, **options)
@@ -59,8 +63,9 @@ def train(
     optimizer = SleepySGD(model.parameters(), delays.optimizer_ms)
     model, optimizer = fabric.setup(model, optimizer)
     # Enough batches for every rank's steps in one epoch, and a few over.
-    loader = fabric.setup_dataloaders(
-        make_loader(delays, batches=(steps * accumulate + 4) * fabric.world_size)
+    loader, val_loader = fabric.setup_dataloaders(
+        make_loader(delays, batches=(steps * accumulate + 4) * fabric.world_size),
+        make_loader(delays, batches=2 * fabric.world_size, data_ms=0.0),
     )
     session = recorder.session
     pauses: Any = None
@@ -79,6 +84,12 @@ def train(
             elif alternate_control:
                 pauses = pauses_outside_steps(session.exclude_start, session.exclude_end)
                 pauses.__enter__()
+            if validate_every and done % validate_every == 0:
+                with torch.no_grad():
+                    for val_batch in val_loader:
+                        _sleep_ms(validation_ms, "validation")
+                        model(val_batch)
+                fabric.save(Path(out).parent / "checkpoint.pt", {"model": model})
             if done == steps:
                 break
     if pauses is not None:
