@@ -70,7 +70,9 @@ def _typed_step(step: int) -> RecordedStep:
         comm_count=1,
         checkpoint=step == 1,
         collectives=[
-            CollectiveRecord(step=step, kind="all_reduce", bytes=4096, duration_ms=2.0, bucket=0, world_size=2)
+            CollectiveRecord(
+                step=step, kind="all_reduce", bytes=4096, duration_ms=2.0, bucket=0, world_size=2
+            )
         ],
     )
 
@@ -82,7 +84,9 @@ def test_a_typed_step_is_written_and_read_back_as_the_same_record(tmp_path: Path
     steps = [_typed_step(s) for s in range(3)]
     for step in steps:
         writer.add_step(step)
-    writer.add_collective(CollectiveRecord(step=-1, kind="broadcast", bytes=8, duration_ms=0.25, source="probe"))
+    writer.add_collective(
+        CollectiveRecord(step=-1, kind="broadcast", bytes=8, duration_ms=0.25, source="probe")
+    )
     writer.close()
     run = load_run(tmp_path)
     read = run.steps(0)
@@ -115,7 +119,8 @@ def test_a_typed_step_and_the_dict_of_its_fields_make_the_same_record(tmp_path: 
             if form == "dict":
                 fields = {f.name: getattr(step, f.name) for f in dataclasses.fields(StepRecord)}
                 collectives = [
-                    {k: v for k, v in dataclasses.asdict(c).items() if k != "step"} for c in step.collectives or ()
+                    {k: v for k, v in dataclasses.asdict(c).items() if k != "step"}
+                    for c in step.collectives or ()
                 ]
                 writer.add_step({**fields, "_collectives": collectives})
             else:
