@@ -191,13 +191,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     def noise_scale_every(self) -> int | None:
         return self._session.profiling.noise_scale_every
 
-    @property
-    def _clock(self) -> Any:  # the step clock, for benchmarks and tests
-        return self._session.clock
-
-    @property
-    def _mirror(self) -> Any:
-        return self._session.mirror
+    # The session's parts, as benchmarks and test workloads read them on the callback.
+    _clock = property(lambda self: self._session.clock)
+    _mirror = property(lambda self: self._session.mirror)
+    _comm = property(lambda self: self._session.comm)
 
     # -- setup -------------------------------------------------------------------------------------
 
