@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +36,26 @@ CALLS = {"data": ACCUMULATE, "forward": ACCUMULATE, "backward": ACCUMULATE, "opt
 HF_TRAINER = Path(__file__).resolve().parent / "workloads" / "hf_trainer.py"
 
 
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    # One intra-op thread: on a small shared machine torch's thread pool made each of this model's tiny
+    # matrix products take ~10 ms (a 60 ms step took 600).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def hf_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One run whose odd steps are control steps (their delays are pauses outside them), with the even
     steps' injected delays."""
     from workloads.hf_trainer import train
 
-    # One intra-op thread: on a small shared machine torch's thread pool made each of this model's tiny
-    # matrix products take ~10 ms (a 60 ms step took 600).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     clear_injected()
-    try:
+    with one_torch_thread():
         callback = train(
             tmp_path_factory.mktemp("hf") / "run",
             STEPS,
@@ -55,8 +65,6 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             telemetry_interval_s=0.5,
             count_flops=False,
         )
-    finally:
-        torch.set_num_threads(threads)
     return {"run": Path(callback.run_dir), "injected": injected_snapshot()}
 
 
@@ -96,15 +104,28 @@ def test_report_advise_and_compare_read_the_record(hf_run: dict[str, Any], tmp_p
     assert (tmp_path / "report" / "report.html").is_file()
     assert main(["advise", run, "--no-whatif"]) == 0
     # Against a short run of the same workload without its delays: faster, or no verdict with one a side.
+    # That run evaluates (two batches of 30 ms) and saves a checkpoint every 4 steps: neither is any step's
+    # time (the next step's data phase, where the Trainer's gap between steps is, holds neither), and both
+    # are in the job's timeline.
     from workloads.hf_trainer import train
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        baseline = train(tmp_path / "baseline", 8, ACCUMULATE, Delays(0, 0, 0, 0), count_flops=False)
-    finally:
-        torch.set_num_threads(threads)
+    with one_torch_thread():
+        baseline = train(
+            tmp_path / "baseline",
+            8,
+            ACCUMULATE,
+            Delays(0, 0, 0, 0),
+            evaluate_every=4,
+            validation_ms=30.0,
+            count_flops=False,
+        )
     assert main(["compare", str(baseline.run_dir), run]) in (0, 1)
+    record = load_run(baseline.run_dir)
+    steps = record.steps(0)
+    assert [s.step for s in steps] == list(range(8))
+    assert steps[4].data_ms + steps[4].other_ms < 30.0, steps[4]
+    kinds = [e.get("kind") for e in record.ranks[0].events]
+    assert kinds.count("validation") == 2 and kinds.count("checkpoint") == 2, kinds
 
 
 @pytest.mark.slow

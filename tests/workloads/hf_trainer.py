@@ -40,13 +40,18 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def make_model(delays: Delays) -> Any:
+def make_model(delays: Delays, validation_ms: float = 0.0) -> Any:
+    """`validation_ms`: the delay of each evaluation batch's forward."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=VOCAB, n_positions=SEQUENCE, n_embd=32, n_layer=2, n_head=2)
     model = GPT2LMHeadModel(config)
-    model.transformer.h[0].register_forward_pre_hook(lambda m, a: _sleep_ms(delays.forward_ms, "forward"))
+    model.transformer.h[0].register_forward_pre_hook(
+        lambda m, a: (
+            _sleep_ms(delays.forward_ms, "forward") if m.training else _sleep_ms(validation_ms, "validation")
+        )
+    )
     model.transformer.ln_f.register_forward_hook(
         lambda m, a, out: _SlowBackward.apply(out, delays.backward_ms) if m.training else out
     )
@@ -61,21 +66,29 @@ def make_trainer(
     delays: Delays,
     world_size: int = 1,
     logging_steps: int = 5,
+    evaluate_every: int = 0,
+    validation_ms: float = 0.0,
 ) -> Any:
+    """`evaluate_every`: evaluate on two batches (`validation_ms` each) and save a checkpoint after every
+    that many steps."""
     from transformers import Trainer, TrainingArguments
 
     def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         _sleep_ms(delays.data_ms, "data")
         return {k: torch.stack([item[k] for item in items]) for k in items[0]}
 
-    model = make_model(delays)
+    model = make_model(delays, validation_ms)
     args = TrainingArguments(
         output_dir=str(out_dir),
         max_steps=steps,
         per_device_train_batch_size=BATCH_SIZE,
         gradient_accumulation_steps=accumulate,
         logging_steps=logging_steps,
-        save_strategy="no",
+        eval_strategy="steps" if evaluate_every else "no",
+        eval_steps=evaluate_every or None,
+        save_strategy="steps" if evaluate_every else "no",
+        save_steps=evaluate_every or 500,
+        per_device_eval_batch_size=BATCH_SIZE,
         report_to=[],
         use_cpu=True,
         disable_tqdm=True,
@@ -86,6 +99,7 @@ def make_trainer(
         model=model,
         args=args,
         train_dataset=Tokens((steps * accumulate + 4) * BATCH_SIZE * world_size),
+        eval_dataset=Tokens(2 * BATCH_SIZE) if evaluate_every else None,
         data_collator=collate,
         optimizers=(SleepySGD(model.parameters(), delays.optimizer_ms), None),
         callbacks=[callback],
@@ -122,6 +136,8 @@ def train(
     delays: Delays = DEFAULT_DELAYS,
     alternate_control: bool = False,
     world_size: int = 1,
+    evaluate_every: int = 0,
+    validation_ms: float = 0.0,
     **options: Any,
 ) -> Any:
     """Train `steps` optimizer steps; returns the callback (its record closed). `alternate_control`: every
@@ -129,7 +145,16 @@ def train(
     from tuneup.plugins.huggingface import TuneupTrainerCallback
 
     callback = TuneupTrainerCallback(dirpath=out, **options)
-    trainer = make_trainer(Path(out).parent / "hf-output", callback, steps, accumulate, delays, world_size)
+    trainer = make_trainer(
+        Path(out).parent / "hf-output",
+        callback,
+        steps,
+        accumulate,
+        delays,
+        world_size,
+        evaluate_every=evaluate_every,
+        validation_ms=validation_ms,
+    )
     if alternate_control:
         trainer.add_callback(AlternateControlSteps(callback.session))
     trainer.train()
