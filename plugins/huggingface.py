@@ -25,8 +25,11 @@ What the Trainer hides: where fetching batches starts and ends. It fetches all t
 optimizer step at once, before `on_step_begin`, with no event around it, so data is the gap between the
 previous step's end and the next micro-batch's forward (the fetches, the Trainer's input preparation, the
 copy to the device), and the record says so (`data_timing: gap`). Under DDP the Trainer hands callbacks the
-model inside the DDP wrapper only: the wrapper is found at its first forward and its all-reduce timed by a
-comm hook from then on (the gradient noise scale, which needs the hook from the start, is not measured).
+model inside the DDP wrapper only: the wrapper is met at its first forward, before any backward, and its
+all-reduce is timed by the session's comm hook (`watch_ddp`), which also takes the gradient noise scale's
+norms. A comm hook of the user's own (accelerate's `DistributedDataParallelKwargs(comm_hook=...)`) is
+timed instead, as long as the callback was given to `Trainer(callbacks=...)`: the comm probe is installed
+at `on_init_end`, before the Trainer wraps the model.
 """
 
 from __future__ import annotations
