@@ -38,6 +38,7 @@ import atexit
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,8 @@ class TuneupTrainerCallback(TrainerCallback):
         self,
         dirpath: str | os.PathLike[str] | None = None,
         *,
-        batch_size_fn: Any = None,
-        tokens_fn: Any = None,
+        batch_size_fn: Callable[[Any], int] | None = None,
+        tokens_fn: Callable[[Any], int | None] | None = None,
         **options: Any,
     ) -> None:
         policies = policies_from_keywords(_OWNER, **options)
