@@ -141,7 +141,8 @@ class StepRecord:
 
     # Read access by field name, as on the dict the step clock handed out before it built StepRecords: a
     # consumer written for the dict (`record["wall_ms"]`, `record.get("samples")`) keeps working. New code
-    # reads the attributes.
+    # reads the attributes. `get` gives `default` for a field that holds None, as the dict did for a figure
+    # it left out (comm_ms where nothing was timed).
     def __getitem__(self, name: str) -> Any:
         try:
             return getattr(self, name)
