@@ -20,7 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workloads.loops import Delays, SleepySGD, _sleep_ms, _SlowBackward, make_loader, pauses_outside_steps
+from workloads.loops import Delays, SleepySGD, _sleep_ms, _SlowBackward, make_loader
+from workloads.phase_check import AlternateControlSteps
 
 DEFAULT_DELAYS = Delays()
 
@@ -51,9 +52,7 @@ def train(
     **options: Any,
 ) -> Any:
     """Train `steps` optimizer steps of `accumulate` micro-batches each; returns the recorder, closed.
-    `alternate_control`: every odd step is a control step, whose delays are pauses outside it
-    (workloads.loops.pauses_outside_steps), interleaved with the delayed ones so that both see the same
-    load on a shared machine. The switch is made after a step's optimizer step, before the next fetch.
+    `alternate_control`: every odd step is a control step (workloads.phase_check.AlternateControlSteps).
     `validate_every`: after every that many steps, two validation batches (`validation_ms` each, from a
     second loader Fabric set up) and a checkpoint saved with `fabric.save`."""
     from tuneup.plugins.fabric import instrument
@@ -67,8 +66,7 @@ def train(
         make_loader(delays, batches=(steps * accumulate + 4) * fabric.world_size),
         make_loader(delays, batches=2 * fabric.world_size, data_ms=0.0),
     )
-    session = recorder.session
-    pauses: Any = None
+    control = AlternateControlSteps(recorder.session.exclude_start, recorder.session.exclude_end)
     done = 0
     for i, batch in enumerate(loader):
         stepping = (i + 1) % accumulate == 0
@@ -78,12 +76,8 @@ def train(
             optimizer.step()
             optimizer.zero_grad()
             done += 1
-            if pauses is not None:
-                pauses.__exit__(None, None, None)
-                pauses = None
-            elif alternate_control:
-                pauses = pauses_outside_steps(session.exclude_start, session.exclude_end)
-                pauses.__enter__()
+            if alternate_control:
+                control.step_ended()
             if validate_every and done % validate_every == 0:
                 with torch.no_grad():
                     for val_batch in val_loader:
@@ -92,8 +86,7 @@ def train(
                 fabric.save(Path(out).parent / "checkpoint.pt", {"model": model})
             if done == steps:
                 break
-    if pauses is not None:
-        pauses.__exit__(None, None, None)
+    control.close()
     recorder.close()
     return recorder
 

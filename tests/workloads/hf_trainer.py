@@ -20,7 +20,8 @@ from transformers import TrainerCallback
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workloads.loops import Delays, SleepySGD, _sleep_ms, _SlowBackward, pauses_outside_steps
+from workloads.loops import Delays, SleepySGD, _sleep_ms, _SlowBackward
+from workloads.phase_check import AlternateControlSteps
 
 DEFAULT_DELAYS = Delays()
 
@@ -106,27 +107,17 @@ def make_trainer(
     )
 
 
-class AlternateControlSteps(TrainerCallback):
-    """A Trainer callback (after tuneup's) that makes every odd step a control step: its delays are pauses
-    outside the step (workloads.loops.pauses_outside_steps), so that the steps without delays, interleaved
-    with the delayed ones, measure the loop's own work under the same load on a shared machine. A step's
-    fetches come after the previous step's end, where the switch is made, so the whole step switches."""
+class AlternateControl(TrainerCallback):
+    """After tuneup's callback: every odd step a control step (workloads.phase_check.AlternateControlSteps)."""
 
     def __init__(self, session: Any) -> None:
-        self._session = session
-        self._pauses: Any = None  # the open pauses_outside_steps while in a control step
+        self._steps = AlternateControlSteps(session.exclude_start, session.exclude_end)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._pauses is None:
-            self._pauses = pauses_outside_steps(self._session.exclude_start, self._session.exclude_end)
-            self._pauses.__enter__()
-        else:
-            self.on_train_end(args, state, control)
+        self._steps.step_ended()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._pauses is not None:
-            self._pauses.__exit__(None, None, None)
-            self._pauses = None
+        self._steps.close()
 
 
 def train(
@@ -141,7 +132,7 @@ def train(
     **options: Any,
 ) -> Any:
     """Train `steps` optimizer steps; returns the callback (its record closed). `alternate_control`: every
-    odd step is a control step (`AlternateControlSteps`)."""
+    odd step is a control step (`AlternateControl`)."""
     from tuneup.plugins.huggingface import TuneupTrainerCallback
 
     callback = TuneupTrainerCallback(dirpath=out, **options)
@@ -156,7 +147,7 @@ def train(
         validation_ms=validation_ms,
     )
     if alternate_control:
-        trainer.add_callback(AlternateControlSteps(callback.session))
+        trainer.add_callback(AlternateControl(callback.session))
     trainer.train()
     return callback
 

@@ -15,10 +15,33 @@ is not its own (or loses its own) is off in every step, which moves the quartile
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from workloads.loops import INJECTED, Delays
+from workloads.loops import INJECTED, Delays, pauses_outside_steps
+
+
+class AlternateControlSteps:
+    """Makes every odd step a control step: its delays are pauses outside it (`start()`/`end()`: the
+    session's exclusion; workloads.loops.pauses_outside_steps), interleaved with the delayed steps so that
+    both see the same load on a shared machine. Call `step_ended()` after each step's optimizer step (the
+    next step's fetches come after it, so the whole step switches) and `close()` at the end."""
+
+    def __init__(self, start: Callable[[], Any], end: Callable[[], Any]) -> None:
+        self._start, self._end = start, end
+        self._pauses: Any = None  # the open pauses_outside_steps while in a control step
+
+    def step_ended(self) -> None:
+        if self._pauses is None:
+            self._pauses = pauses_outside_steps(self._start, self._end)
+            self._pauses.__enter__()
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if self._pauses is not None:
+            self._pauses.__exit__(None, None, None)
+            self._pauses = None
 
 
 def low_quartile(values: Iterable[float]) -> float:
