@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuneup.collect.step_clock import PHASE_NAMES
+from tuneup.record.schema import PHASE_NAMES
 
 Events = Callable[[], list[tuple[str, dict[str, Any]]]]
 

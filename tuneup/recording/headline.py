@@ -7,10 +7,9 @@ queued figures to its loggers on the training thread (loggers are not all safe t
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
 
 from tuneup.analyze.throughput import rate_per_s
+from tuneup.record.schema import StepRecord
 
 Metrics = tuple[int, dict[str, float]]  # (the last step of the window, name -> value)
 
@@ -20,33 +19,35 @@ class HeadlineMetrics:
         self.every_steps = every_steps
         self.world_size = world_size
         self.gpu_util_percent: float | None = None  # the latest telemetry sample's mean, set by its sink
-        self._window: list[Mapping[str, Any]] = []
+        self._window: list[StepRecord] = []
         self.queue: deque[Metrics] = deque()  # figures waiting for the loggers, oldest first
 
-    def add(self, record: Mapping[str, Any]) -> None:
+    def add(self, record: StepRecord) -> None:
         """A resolved step (drainer's thread)."""
         self._window.append(record)
-        if (record["step"] + 1) % self.every_steps == 0:
+        if (record.step + 1) % self.every_steps == 0:
             self.queue.append(self.figures(self._window))
             self._window = []
 
-    def figures(self, records: list[Mapping[str, Any]]) -> Metrics:
-        wall_ms = sum(r["wall_ms"] for r in records)
+    def figures(self, records: list[StepRecord]) -> Metrics:
+        wall_ms = sum(r.wall_ms for r in records)
         n = len(records)
         metrics: dict[str, float] = {
             "tuneup/step_time_ms": wall_ms / n,
-            "tuneup/data_wait_ms": sum(r["data_ms"] for r in records) / n,
-            "tuneup/forward_ms": sum(r["forward_ms"] for r in records) / n,
-            "tuneup/backward_ms": sum(r["backward_ms"] for r in records) / n,
-            "tuneup/optimizer_ms": sum(r["optimizer_ms"] for r in records) / n,
+            "tuneup/data_wait_ms": sum(r.data_ms for r in records) / n,
+            "tuneup/forward_ms": sum(r.forward_ms for r in records) / n,
+            "tuneup/backward_ms": sum(r.backward_ms for r in records) / n,
+            "tuneup/optimizer_ms": sum(r.optimizer_ms for r in records) / n,
         }
         # Rank 0's count times the world size: exact when ranks see equal batches, as DDP's sampler makes them.
-        for key, name in (("samples", "tuneup/samples_per_s"), ("tokens", "tuneup/tokens_per_s")):
-            counts = [r.get(key) for r in records]
+        for counts, name in (
+            ([r.samples for r in records], "tuneup/samples_per_s"),
+            ([r.tokens for r in records], "tuneup/tokens_per_s"),
+        ):
             if None not in counts and sum(counts):  # type: ignore[arg-type]
                 rate = rate_per_s(sum(counts) * self.world_size, wall_ms)  # type: ignore[arg-type]
                 if rate is not None:
                     metrics[name] = rate
         if self.gpu_util_percent is not None:
             metrics["tuneup/gpu_util_percent"] = self.gpu_util_percent
-        return records[-1]["step"], metrics
+        return records[-1].step, metrics

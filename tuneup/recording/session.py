@@ -41,7 +41,7 @@ from tuneup.collect.environment import redact_value
 from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import StepClock
 from tuneup.record.remote import Mirror, bounded, is_url, spool_dir
-from tuneup.record.schema import MANIFEST_FILE, rank_dir_name
+from tuneup.record.schema import MANIFEST_FILE, RecordedStep, rank_dir_name
 from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
 from tuneup.recording import device as dev
@@ -828,7 +828,7 @@ class RecordingSession:
 
     # -- resolved steps (the drainer's thread) -------------------------------------------------------
 
-    def _on_step_resolved(self, record: dict[str, Any]) -> None:
+    def _on_step_resolved(self, record: RecordedStep) -> None:
         if self._writer is not None:
             self._writer.add_step(record)
         if self._headline is not None:
