@@ -8,8 +8,9 @@ functions that need it.
 
 Modules, one question each: `policies` (the options), `run_dir` (where the run goes), `ranks` (this process
 among the job's), `handoff` (where it went, for a launching process), `facts` (what the adapter tells),
-`manifest`, `mirror` (object storage), `telemetry`, `noise` (the gradient noise scale's steps), `headline`
-(figures for the trainer's loggers), `device`, and `session` itself.
+`manifest`, `describe` (the model and the loader, for the manifest), `mirror` (object storage),
+`telemetry`, `noise` (the gradient noise scale's steps), `headline` (figures for the trainer's loggers),
+`device`, and `session` itself.
 """
 
 from tuneup.record.writer import RecordingPolicy
