@@ -15,6 +15,7 @@ import pytest
 
 from tuneup import load_run
 from tuneup.cli import main
+from tuneup.report import analyze
 
 from workloads.loops import Delays, clear_injected, injected_in
 from workloads.plain_loop import train
@@ -78,6 +79,10 @@ def test_report_advise_and_compare_read_plain_loop_runs(
 ) -> None:
     out = runs["root"] / "report"
     assert main(["report", str(runs["run"]), "--out", str(out), "--format", "md,json"]) == 0
+    # A loop that left its `with` block normally ended its fit, though it cannot say why (no stop reason):
+    # no time "to go" is projected for it.
+    timeline = analyze(runs["run"]).timeline
+    assert timeline is not None and timeline.ended and timeline.stop_reason is None
     assert (out / "report.md").exists() and (out / "report.json").exists()
     assert main(["advise", str(runs["run"]), "--no-whatif"]) == 0
     # One run a side: the verdict is inconclusive (exit 0), but the comparison is made.

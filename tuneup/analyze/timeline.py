@@ -40,6 +40,16 @@ def rank_stop_reason(rec: RankRecord) -> str | None:
     return {"interrupted": STOP_USER_INTERRUPT, "exception": "exception"}.get(str(rec.info.raw.get("status")))
 
 
+def rank_ended(rec: RankRecord) -> bool:
+    """Whether this rank's fit is over: it stopped for a reason that ends a fit (max_steps, early stopping...),
+    or it closed as completed without saying why (a plain loop's `with` block that ended normally: the loop
+    cannot tell why it stopped, only that it did)."""
+    reason = rank_stop_reason(rec)
+    if reason:
+        return reason in ENDED_REASONS
+    return rec.info.closed and rec.info.raw.get("status") == "completed"
+
+
 def compiled_modules(run: Run) -> list[str] | None:
     """The modules torch.compile wraps, as the callback saw them at setup; None where it did not look."""
     compiled = run.manifest.model.get("compiled")
@@ -192,6 +202,7 @@ def timeline(run: Run) -> Timeline | None:
         p.seconds for p in main.parts if p.name in ("validation", "checkpoint_saves", "other_fit_loop")
     )
     reasons = {reason for r in run.ranks.values() if (reason := rank_stop_reason(r))}
+    closed = [r for r in run.ranks.values() if r.info.closed or rank_stop_reason(r)]
     stop = sorted(reasons)[0] if len(reasons) == 1 else (", ".join(sorted(reasons)) if reasons else None)
     process_start = _num(raw, "process_start_unix")
     return Timeline(
@@ -204,7 +215,7 @@ def timeline(run: Run) -> Timeline | None:
         else None,
         parts=main.parts,
         loop_overhead_share=finite(loop_extra / steps) if steps > 0 and main.times_recorded else None,
-        ended=bool(reasons) and reasons <= ENDED_REASONS,
+        ended=bool(closed) and all(rank_ended(r) for r in closed),
         stop_reason=stop,
         max_time_s=_num(run.manifest.trainer, "max_time_s"),
         per_rank=per_rank,
