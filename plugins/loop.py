@@ -113,7 +113,7 @@ class TrackedLoop:
             ddp_model=model if hasattr(model, "register_comm_hook") else None,
             compiled=model is not None and is_compiled(model),
             trainer={"adapter": "loop", "world_size": ranks.world_size, "devices": local_world},
-            dataloader=loader_summary(self.loader),
+            dataloader=self._loader_facts(),
             model=model_summary(getattr(model, "module", model)) if model is not None else {},
             trainer_name="loop",
             # Only what the loop marks is data: the rest of the time between steps is "other".
@@ -121,6 +121,14 @@ class TrackedLoop:
         )
         session.start(facts)
         return self
+
+    def _loader_facts(self) -> dict[str, Any]:
+        """The loader's summary; its batch size, where the loader does not say it, is the one given to
+        `track` (the loop's own word, per rank), so the report and the advice know the batch."""
+        summary = dict(loader_summary(self.loader) or {})
+        if summary.get("batch_size") is None and self.batch_size is not None:
+            summary["batch_size"] = self.batch_size
+        return summary
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

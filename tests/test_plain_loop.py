@@ -136,3 +136,21 @@ def test_a_torchrun_ddp_loop_is_one_run_with_both_ranks(tmp_path: Path) -> None:
         assert all(s.comm_count and s.comm_bytes for s in steps[1:])
     assert any(e["kind"] == "noise_scale" and e["method"] == "ddp" for e in run.ranks[0].events)
     assert main(["report", str(out), "--out", str(tmp_path / "report"), "--format", "json"]) == 0
+
+
+def test_a_loops_accumulation_is_read_from_its_micro_batches(tmp_path: Path) -> None:
+    # The loop never says its accumulation; its steps counted two micro-batches each (a forward phase opens
+    # one), and that is what the analysis shows, not a default of 1.
+    import tuneup
+
+    with tuneup.track(tmp_path / "run", batch_size=4, telemetry_interval_s=0.5, count_flops=False) as run:
+        for _ in range(6):
+            for _ in range(2):
+                with run.phase("forward"):
+                    pass
+                with run.phase("backward"):
+                    pass
+            run.step()
+    a = analyze(run.run_dir)
+    assert a.run.accumulate_grad_batches == 2
+    assert a.run.global_batch_size == 8

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from tuneup._stats import finite
 from tuneup.analyze.model import Hardware, RunInfo, Warmup
 from tuneup.analyze.steady import DECAY_RATIO, PLATEAU_MIN_STEPS, WARMUP_FACTOR, WARMUP_MAX_SHARE
@@ -63,13 +65,21 @@ def _hosts(run: Run) -> dict[str, str]:
     return {**hosts, **{str(r): h for r, h in run.rank_hosts.items()}}
 
 
+def _micro_batches_per_step(run: Run) -> int:
+    """Micro-batches per optimizer step as the steps counted them, for a trainer that does not say its
+    accumulation (a plain loop, Fabric): the most common count of the lowest rank's steps; 1 without steps."""
+    rank = min(run.ranks, default=None)
+    counts = [s.micro_batches for s in run.ranks[rank].steps if s.micro_batches] if rank is not None else []
+    return statistics.mode(counts) if counts else 1
+
+
 def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
     m = run.manifest
     t = m.trainer
     host = m.environment.get("host") or {}
     gpus = (m.gpus or {}).get("gpus") or []
     batch = m.dataloader.get("batch_size")
-    accumulate = t.get("accumulate_grad_batches") or 1
+    accumulate = t.get("accumulate_grad_batches") or _micro_batches_per_step(run)
     return RunInfo(
         run_id=m.run_id,
         path=run.location,
