@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tuneup import load_run
+from tuneup.analyze.analysis import analyze_run
 from tuneup.cli import main
 
 from workloads.loops import Delays, clear_injected
@@ -72,6 +73,9 @@ def test_a_step_is_an_optimizer_step_of_its_micro_batches(fabric_run: dict[str, 
     assert run.manifest.dataloader["batch_size"] == 8
     # Fabric's loaders are timed around each fetch: the data phase is the fetches, not the gap.
     assert run.ranks[0].info.raw["data_timing"] == "fetch"
+    # Fabric does not say the loop's accumulation: the analysis reads it from the steps' micro-batches.
+    info = analyze_run(run).run
+    assert (info.accumulate_grad_batches, info.global_batch_size) == (ACCUMULATE, 8 * ACCUMULATE)
 
 
 def test_report_advise_and_compare_read_the_record(fabric_run: dict[str, Any], tmp_path: Path) -> None:
