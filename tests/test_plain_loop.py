@@ -154,3 +154,27 @@ def test_a_loops_accumulation_is_read_from_its_micro_batches(tmp_path: Path) -> 
     a = analyze(run.run_dir)
     assert a.run.accumulate_grad_batches == 2
     assert a.run.global_batch_size == 8
+
+
+def test_phases_a_loop_never_marked_are_not_timed_in_the_report_and_the_advice(tmp_path: Path) -> None:
+    # The loop marks forward and backward only: data and optimizer are not zero, they are unmeasured (in
+    # "other"), and neither the report's table nor the data-loading advice reads them as measured.
+    import tuneup
+    from tuneup.advise import AdviceOptions, advise
+
+    with tuneup.track(tmp_path / "run", batch_size=4, telemetry_interval_s=0.5, count_flops=False) as run:
+        for _ in range(30):
+            with run.phase("forward"):
+                pass
+            with run.phase("backward"):
+                pass
+            run.step()
+    a = analyze(run.run_dir)
+    assert a.step_time.phases_not_timed == ["data", "optimizer", "sync"]
+    out = tmp_path / "report"
+    assert main(["report", str(run.run_dir), "--out", str(out), "--format", "md"]) == 0
+    md = (out / "report.md").read_text()
+    assert "| data | not timed |" in md and "did not time data, optimizer and sync" in md
+    advice = advise([a], AdviceOptions(whatif=False))
+    assert not [r for r in advice.recommendations if r.id == "data_loading.num_workers"]
+    assert any("did not time the data phase" in c.reason for c in advice.considered)

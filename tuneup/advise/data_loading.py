@@ -173,6 +173,14 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     s, b = o.accumulation, o.batch_size
     share = o.data_ms / o.step_mean_ms if o.step_mean_ms > 0 else 0.0
     w0 = o.num_workers
+    if "data" in ctx.analysis.step_time.phases_not_timed:
+        ctx.skip(
+            "num_workers",
+            "the training loop's adapter did not time the data phase (a loop that never marks its fetches): "
+            'its wait is inside "other", unmeasured, so nothing can be said of workers; mark it '
+            "(`run.data(loader)` in a plain loop) and record again",
+        )
+        return []
     if w0 is not None and o.cpu_count and w0 > lightning_max_workers(o.cpu_count, o.ranks_per_node):
         _fewer(ctx, w0)
         return []

@@ -28,7 +28,7 @@ from tuneup.analyze.steady import warmup_steps
 from tuneup.analyze.sync_strategy import sync_strategy_section
 from tuneup.analyze.telemetry import run_telemetry
 from tuneup.analyze.telemetry_section import telemetry
-from tuneup.analyze.throughput import step_time, throughput
+from tuneup.analyze.throughput import phases_not_timed, step_time, throughput
 from tuneup.analyze.timeline import timeline
 from tuneup.analyze.timeseries import timeseries
 from tuneup.cost.options import CostOptions, cost_inputs
@@ -73,7 +73,9 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
     warm_up = warmup(run, warm, max((steps[0].step for steps in steady.values()), default=None))
     rates = throughput(steady)
     steps = step_time(steady, profiles)
-    steps = dataclasses.replace(steps, slow_periods=slow_periods(steady))
+    steps = dataclasses.replace(
+        steps, slow_periods=slow_periods(steady), phases_not_timed=phases_not_timed(run)
+    )
     ranks = ranks_section(profiles, straggler, run.rank_hosts)
     loading = data_loading(run, steady, steps.median_ms)
     gpu_peaks = [s.peak_mem_bytes for steps in steady.values() for s in steps if s.peak_mem_bytes]

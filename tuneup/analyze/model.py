@@ -186,6 +186,9 @@ class StepTime:
     per_rank: list[RankStepTime]
     noisy: bool = False  # slow steps pull the mean step well above the median (throughput.py's is_noisy)
     slow_periods: list[SlowPeriod] = field(default_factory=list)
+    # Phases the trainer's adapter could not time on some rank (a plain loop that never marks data, say):
+    # their time is in "other", and their figures are not measurements (throughput.py's phases_not_timed).
+    phases_not_timed: list[str] = field(default_factory=list)
 
 
 # -- time series -------------------------------------------------------------------------------------

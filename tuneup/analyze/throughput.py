@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from tuneup._stats import finite, quantile, weighted_quantile
 from tuneup.analyze.model import PhaseTime, Quantiles, RankStepTime, RankThroughput, StepTime, Throughput
 from tuneup.analyze.ranks import RankProfile
-from tuneup.record.schema import PHASES, StepRecord
+from tuneup.record.schema import PHASE_NAMES, PHASES, Run, StepRecord
 
 # A mean more than this many times its median is carried by a minority of slow steps: it still sums to
 # the step and prices the run, but it is not what a typical step spends. 1.25 leaves room for the
@@ -134,6 +134,18 @@ def quantiles(values: Iterable[float]) -> Quantiles:
     return Quantiles(
         *(quantile(ordered, q) for q in (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0))  # type: ignore[arg-type]
     )
+
+
+def phases_not_timed(run: Run) -> list[str]:
+    """The phases some rank's adapter did not time, in the phase list's order: its info's `phases_timed`
+    (written only where an adapter times fewer than all; "other" is the rest of the step and always
+    measured)."""
+    missing: set[str] = set()
+    for rec in run.ranks.values():
+        timed = rec.info.raw.get("phases_timed")
+        if isinstance(timed, list):
+            missing |= {p for p in PHASE_NAMES if p != "other" and p not in timed}
+    return [p for p in PHASE_NAMES if p in missing]
 
 
 def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) -> StepTime:

@@ -30,6 +30,10 @@ def _num(raw: dict[str, Any], key: str) -> float | None:
     return number(raw.get(key))
 
 
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def rank_stop_reason(rec: RankRecord) -> str | None:
     """Why this rank's fit ended, as its record says; None for a record that did not close (still running,
     or killed). Records written before an exception's reason was kept say it by their status alone: the
@@ -40,14 +44,18 @@ def rank_stop_reason(rec: RankRecord) -> str | None:
     return {"interrupted": STOP_USER_INTERRUPT, "exception": "exception"}.get(str(rec.info.raw.get("status")))
 
 
-def rank_ended(rec: RankRecord) -> bool:
+def rank_ended(rec: RankRecord, max_steps: int | None = None) -> bool:
     """Whether this rank's fit is over: it stopped for a reason that ends a fit (max_steps, early stopping...),
-    or it closed as completed without saying why (a plain loop's `with` block that ended normally: the loop
-    cannot tell why it stopped, only that it did)."""
+    or it closed as completed without saying why and short of no step budget (a plain loop's `with` block
+    that ended normally: the loop cannot tell why it stopped, only that it did; with a max_steps it had not
+    reached, what finishing it costs is still worth projecting)."""
     reason = rank_stop_reason(rec)
     if reason:
         return reason in ENDED_REASONS
-    return rec.info.closed and rec.info.raw.get("status") == "completed"
+    if not rec.info.closed or rec.info.raw.get("status") != "completed":
+        return False
+    last = rec.steps[-1].step if rec.steps else None
+    return not (max_steps and max_steps > 0 and (last is None or last + 1 < max_steps))
 
 
 def compiled_modules(run: Run) -> list[str] | None:
@@ -215,7 +223,8 @@ def timeline(run: Run) -> Timeline | None:
         else None,
         parts=main.parts,
         loop_overhead_share=finite(loop_extra / steps) if steps > 0 and main.times_recorded else None,
-        ended=bool(closed) and all(rank_ended(r) for r in closed),
+        ended=bool(closed)
+        and all(rank_ended(r, _int_or_none(run.manifest.trainer.get("max_steps"))) for r in closed),
         stop_reason=stop,
         max_time_s=_num(run.manifest.trainer, "max_time_s"),
         per_rank=per_rank,

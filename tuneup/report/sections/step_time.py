@@ -46,6 +46,7 @@ MAX_BARS = 32
 _SPREAD = (("fastest", 0.0), ("p5", 0.05), ("median", 0.5), ("p95", 0.95), ("slowest", 1.0))
 
 NOISY = "noisy: slow steps pull the mean above the median"
+NOT_TIMED = "not timed"
 # tuneup's own time in the step (its hooks, the noise scale's norms), where the record keeps it apart from
 # the user's phases.
 _LABELS = {TUNEUP_PHASE: "tuneup's own"}
@@ -89,15 +90,25 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
 def _phase_table(st: StepTime) -> list[Block]:
     """The mean per step by phase; with a median and p95 column, and the label, where any is noisy."""
     whole = share(1.0) if is_number(st.mean_ms) else MISSING
-    noisy = [name for name, p in st.phases.items() if p.noisy]
+    blind = set(st.phases_not_timed)
+    after = _not_timed(st)
+    noisy = [name for name, p in st.phases.items() if p.noisy and name not in blind]
     if not noisy and not st.noisy:
-        rows = [(_LABELS.get(name, name), ms(p.ms), share(p.share)) for name, p in st.phases.items()]
+        rows = [
+            (_LABELS.get(name, name), NOT_TIMED, MISSING)
+            if name in blind
+            else (_LABELS.get(name, name), ms(p.ms), share(p.share))
+            for name, p in st.phases.items()
+        ]
         rows.append(("whole step", ms(st.mean_ms), whole))
         return [
-            table("All ranks: mean per step", ("Phase", "Time", "Share of step"), rows, (1, 2), total=True)
+            table("All ranks: mean per step", ("Phase", "Time", "Share of step"), rows, (1, 2), total=True),
+            *after,
         ]
     rows = [
-        (
+        (_LABELS.get(name, name), NOT_TIMED, MISSING, MISSING, MISSING, "")
+        if name in blind
+        else (
             _LABELS.get(name, name),
             ms(p.ms),
             share(p.share),
@@ -111,7 +122,7 @@ def _phase_table(st: StepTime) -> list[Block]:
         ("whole step", ms(st.mean_ms), whole, ms(st.median_ms), ms(st.p95_ms), NOISY if st.noisy else "")
     )
     header = ("Phase", "Time", "Share of step", "Median", "p95", "Note")
-    out: list[Block] = [table("All ranks: mean per step", header, rows, (1, 2, 3, 4), total=True)]
+    out: list[Block] = [table("All ranks: mean per step", header, rows, (1, 2, 3, 4), total=True), *after]
     if noisy:
         named = noisy[0] if len(noisy) == 1 else f"{', '.join(noisy[:-1])} and {noisy[-1]}"
         out.append(
@@ -122,6 +133,21 @@ def _phase_table(st: StepTime) -> list[Block]:
             )
         )
     return out
+
+
+def _not_timed(st: StepTime) -> list[Block]:
+    """What the trainer's adapter could not time, said under the table: their time is in "other"."""
+    if not st.phases_not_timed:
+        return []
+    names = st.phases_not_timed
+    named = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return [
+        Paragraph(
+            f"The trainer's adapter did not time {named} on every rank (a phase the training loop never "
+            f'marked): {"its" if len(names) == 1 else "their"} time is inside "other", and no figure here '
+            "or in the advice reads it as measured."
+        )
+    ]
 
 
 def _slow_periods(st: StepTime) -> list[Block]:
