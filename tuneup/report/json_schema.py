@@ -126,6 +126,7 @@ REFINEMENTS: dict[str, dict[str, Any]] = _merge(
         "Recommendation.confidence": {"enum": ["high", "medium", "low"]},
         "TimelinePart.name": {"enum": list(TIMELINE_PARTS)},
         "PhaseOperators.phase": {"enum": list(PHASE_NAMES)},
+        "StepTime.phases_not_timed": {"items": {"enum": list(PHASE_NAMES)}},
         # The step's lines are the run record's one list (tuneup.record.schema): the phases, and tuneup's
         # own time where the record keeps it apart; every rank's record has every phase.
         "StepTime.phases": _PHASE_KEYS,
