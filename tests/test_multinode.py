@@ -74,6 +74,9 @@ def test_a_node_that_cannot_see_the_run_directory_says_so_and_the_report_names_i
     assert f'"rank0_host":"{host}"' in event.replace(" ", "")
 
 
+# timing: the chunk per flush is the mirror thread's upload between two flushes of a 10-step fit; beside
+# another test's processes (make test's parallel pass) the thread ran once, after the last flush.
+@pytest.mark.timing
 @pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
 def test_a_run_on_object_storage_is_uploaded_in_chunks_and_reads_back_as_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, namespace: str
