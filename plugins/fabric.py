@@ -46,7 +46,6 @@ from typing import Any
 
 from tuneup._log import warn_once
 from tuneup.collect.batch import BatchCounter
-from tuneup.record.schema import STOP_USER_INTERRUPT
 from tuneup.recording import RecordingSession, TrainerRanks, TrainingFacts, policies_from_keywords
 from tuneup.recording.describe import loader_summary, model_summary, plain_value
 
@@ -304,18 +303,8 @@ class FabricRecorder:
         session = self.session
         try:
             self._batch_ends()
-            session.train_end()
-            if exc is None:
-                # A loop does not say why it ended (its data ran out, a step budget, a decision of its own).
-                session.close("completed")
-            else:
-                session.exception(exc)
-                interrupted = isinstance(exc, KeyboardInterrupt)
-                session.close(
-                    "interrupted" if interrupted else "exception",
-                    stop_reason=STOP_USER_INTERRUPT if interrupted else "exception",
-                )
-            session.finish(was_closed=exc is None)
+            # A loop does not say why it ended (its data ran out, a step budget, a decision of its own).
+            session.end(exc)
         finally:
             self._uninstall()
 

@@ -45,7 +45,6 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tuneup.collect.batch import BatchCounter
-from tuneup.record.schema import STOP_USER_INTERRUPT
 from tuneup.recording import RecordingSession, TorchRanks, TrainingFacts, policies_from_keywords
 from tuneup.recording.describe import loader_summary, model_summary
 
@@ -172,17 +171,7 @@ class TuneupTrainerCallback(TrainerCallback):
         session = self.session
         if session.closed or session.run_dir is None:
             return
-        session.train_end()
-        if exc is None:
-            session.close("completed", stop_reason=stop_reason)
-        else:
-            session.exception(exc)
-            interrupted = isinstance(exc, KeyboardInterrupt)
-            session.close(
-                "interrupted" if interrupted else "exception",
-                stop_reason=STOP_USER_INTERRUPT if interrupted else "exception",
-            )
-        session.finish(was_closed=exc is None)
+        session.end(exc, stop_reason=stop_reason)
 
     # -- one micro-batch ------------------------------------------------------------------------------
 

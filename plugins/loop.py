@@ -34,7 +34,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from tuneup.record.schema import STOP_USER_INTERRUPT
 from tuneup.recording import RecordingSession, TorchRanks, TrainingFacts, policies_from_keywords
 from tuneup.recording.describe import loader_summary, model_summary
 from tuneup.recording.device import is_compiled
@@ -140,21 +139,9 @@ class TrackedLoop:
         session = self.session
         if session.closed or session.run_dir is None:
             return
-        session.train_end()
-        # The phases the loop marked: the others are not timed (their time is in "other"), not zero.
-        timed = sorted(self._timed, key=PHASES.index)
-        if exc is None:
-            # A loop does not say why it ended (its data ran out, a step budget, a decision of its own).
-            session.close("completed", stop_reason=None, phases_timed=timed)
-        else:
-            session.exception(exc)
-            interrupted = isinstance(exc, KeyboardInterrupt)
-            session.close(
-                "interrupted" if interrupted else "exception",
-                stop_reason=STOP_USER_INTERRUPT if interrupted else "exception",
-                phases_timed=timed,
-            )
-        session.finish(was_closed=exc is None)
+        # The phases the loop marked: the others are not timed (their time is in "other"), not zero. A loop
+        # does not say why it ended (its data ran out, a step budget, a decision of its own): no stop reason.
+        session.end(exc, phases_timed=sorted(self._timed, key=PHASES.index))
 
     # -- marks -------------------------------------------------------------------------------------
 

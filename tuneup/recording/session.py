@@ -41,7 +41,7 @@ from tuneup.collect.environment import redact_value
 from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import StepClock
 from tuneup.record.remote import Mirror, bounded, is_url, spool_dir
-from tuneup.record.schema import MANIFEST_FILE, RecordedStep, rank_dir_name
+from tuneup.record.schema import MANIFEST_FILE, STOP_USER_INTERRUPT, RecordedStep, rank_dir_name
 from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
 from tuneup.recording import device as dev
@@ -936,6 +936,27 @@ class RecordingSession:
             self._mirror.close()  # the last upload, bounded
         if self.rank == 0 and status != "completed" and self.run_dir is not None:
             print_closing_line(self.run_dir, self._url)  # no finish() may follow an exception
+
+    def end(self, exc: BaseException | None = None, stop_reason: str | None = None, **info: Any) -> None:
+        """The whole end for a trainer whose loop just ended, once: training's end, the exception that
+        ended it recorded where there was one, the record closed (completed with `stop_reason`, the
+        adapter's reading or None; a KeyboardInterrupt as the user's stop; any other exception as one),
+        then `finish`. For adapters whose trainer has no teardown of its own after the loop (a plain loop,
+        Fabric, the Hugging Face Trainer)."""
+        if self._closed or self._writer is None:
+            return
+        self.train_end()
+        if exc is None:
+            self.close("completed", stop_reason=stop_reason, **info)
+        else:
+            self.exception(exc)
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            self.close(
+                "interrupted" if interrupted else "exception",
+                stop_reason=STOP_USER_INTERRUPT if interrupted else "exception",
+                **info,
+            )
+        self.finish(was_closed=exc is None)
 
     def _record_ddp_logging(self, writer: RankWriter) -> None:
         model = self._facts.ddp_model
