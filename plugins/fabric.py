@@ -46,7 +46,7 @@ from typing import Any
 
 from tuneup._log import warn_once
 from tuneup.collect.batch import BatchCounter
-from tuneup.recording import RecordingSession, TrainerRanks, TrainingFacts, policies_from_keywords
+from tuneup.recording import RecordingSession, TrainerRanks, TrainingFacts
 from tuneup.recording.describe import loader_summary, model_summary, plain_value
 
 __all__ = ["FabricRecorder", "instrument"]
@@ -95,15 +95,8 @@ class FabricRecorder:
         tokens_fn: Callable[[Any], int | None] | None = None,
         **options: Any,
     ) -> None:
-        policies = policies_from_keywords(_OWNER, **options)
         self.fabric = fabric
-        self.session = RecordingSession(
-            dirpath,
-            recording=policies.recording,
-            profiling=policies.profiling,
-            pricing=policies.pricing,
-            owner=_OWNER,
-        )
+        self.session = RecordingSession(dirpath, owner=_OWNER, **options)
         self.counter = BatchCounter(batch_size_fn, tokens_fn)
         self._originals: dict[str, Any] = {}
         self._hooks: list[Any] = []  # the optimizers' step post-hook handles

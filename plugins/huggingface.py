@@ -45,7 +45,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tuneup.collect.batch import BatchCounter
-from tuneup.recording import RecordingSession, TorchRanks, TrainingFacts, policies_from_keywords
+from tuneup.recording import RecordingSession, TorchRanks, TrainingFacts
 from tuneup.recording.describe import loader_summary, model_summary
 
 __all__ = ["TuneupTrainerCallback"]
@@ -75,14 +75,7 @@ class TuneupTrainerCallback(TrainerCallback):
         tokens_fn: Callable[[Any], int | None] | None = None,
         **options: Any,
     ) -> None:
-        policies = policies_from_keywords(_OWNER, **options)
-        self.session = RecordingSession(
-            dirpath,
-            recording=policies.recording,
-            profiling=policies.profiling,
-            pricing=policies.pricing,
-            owner=_OWNER,
-        )
+        self.session = RecordingSession(dirpath, owner=_OWNER, **options)
         self.counter = BatchCounter(batch_size_fn, tokens_fn)
         self._handles: list[Any] = []
         self._ddp_watch: Any = None  # the global forward pre-hook that looks for the DDP wrapper

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from tuneup.recording import RecordingSession, TorchRanks, TrainingFacts, policies_from_keywords
+from tuneup.recording import RecordingSession, TorchRanks, TrainingFacts
 from tuneup.recording.describe import loader_summary, model_summary
 from tuneup.recording.device import is_compiled
 from tuneup.recording.ranks import local_rank_from_env
@@ -67,14 +67,7 @@ class TrackedLoop:
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):
             raise ValueError(f"{OWNER}(batch_size=...) must be a positive integer, got {batch_size!r}")
-        policies = policies_from_keywords(OWNER, **options)
-        self.session = RecordingSession(
-            dirpath,
-            recording=policies.recording,
-            profiling=policies.profiling,
-            pricing=policies.pricing,
-            owner=OWNER,
-        )
+        self.session = RecordingSession(dirpath, owner=OWNER, **options)
         self.batch_size = batch_size
         self.model = model
         self.loader = loader

@@ -37,7 +37,7 @@ from tuneup.plugins.lightning.introspect import (
 from tuneup.plugins.lightning.trainer_taps import TrainerTaps
 from tuneup.plugins.lightning.trial import TrialControl, trial_run_dir
 from tuneup.record.writer import RecordingPolicy
-from tuneup.recording import RecordingSession, TrainerRanks, policies_from_keywords
+from tuneup.recording import RecordingSession, TrainerRanks
 from tuneup.recording.policies import KEYWORD_POLICY
 from tuneup.tune.protocol import ENV_TRIAL, TrialSpec
 
@@ -146,14 +146,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
                 raise TypeError(f"{OWNER}({name}=...) must be a function of the batch, got {fn!r}")
         # Every other keyword is a policy's field of the same name.
         options = {k: v for k, v in locals().items() if k in KEYWORD_POLICY}
-        policies = policies_from_keywords(OWNER, **options)
-        self._session = RecordingSession(
-            dirpath,
-            recording=policies.recording,
-            profiling=policies.profiling,
-            pricing=policies.pricing,
-            owner=OWNER,
-        )
+        self._session = RecordingSession(dirpath, owner=OWNER, **options)
         self.counter = BatchCounter(batch_size_fn, tokens_fn)
         self.log_to_trainer = bool(log_to_trainer)
         self._trial: TrialControl | None = None  # a `tuneup tune` trial (TUNEUP_TRIAL set), else None
