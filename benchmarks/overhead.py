@@ -330,8 +330,10 @@ def threads_cpu_s(threads: Sequence[threading.Thread]) -> float:
 
 def tuneup_threads(callback: Any) -> list[threading.Thread]:
     """tuneup's background threads (telemetry sampler, record writer) of one callback: private
-    attributes, read by this benchmark only."""
-    sampler, drainer = getattr(callback, "_sampler", None), getattr(callback, "_drainer", None)
+    attributes of its recording session (of the callback itself before issue 26), read by this
+    benchmark only."""
+    owner = getattr(callback, "_session", callback)
+    sampler, drainer = getattr(owner, "_sampler", None), getattr(owner, "_drainer", None)
     found = [getattr(sampler, "_thread", None), getattr(drainer, "_thread", None)]
     return [t for t in found if isinstance(t, threading.Thread)]
 
