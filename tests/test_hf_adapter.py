@@ -6,9 +6,6 @@ read the record."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,19 +17,16 @@ import torch
 pytest.importorskip("transformers")
 
 from tuneup import load_run
-from tuneup.cli import main
 
+from adapter_support import assert_commands_read, baseline_steps, record_alternating, record_two_ranks
 from conftest import free_port
 from workloads.hf_trainer import BATCH_SIZE, SEQUENCE
-from workloads.loops import Delays, clear_injected
-from workloads.phase_check import assert_delays_come_back, injected_snapshot, phase_own_ms
+from workloads.loops import Delays
+from workloads.phase_check import assert_alternate_steps_come_back
 
 STEPS = 48
 ACCUMULATE = 2
 DELAYS = Delays()
-PHASES = ("data", "forward", "backward", "optimizer")
-# Per optimizer step: every micro-batch is collated, runs forward and backward; the optimizer steps once.
-CALLS = {"data": ACCUMULATE, "forward": ACCUMULATE, "backward": ACCUMULATE, "optimizer": 1}
 HF_TRAINER = Path(__file__).resolve().parent / "workloads" / "hf_trainer.py"
 
 
@@ -54,28 +48,17 @@ def hf_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     steps' injected delays."""
     from workloads.hf_trainer import train
 
-    clear_injected()
     with one_torch_thread():
-        callback = train(
-            tmp_path_factory.mktemp("hf") / "run",
-            STEPS,
-            ACCUMULATE,
-            DELAYS,
-            alternate_control=True,
-            telemetry_interval_s=0.5,
-            count_flops=False,
-        )
-    return {"run": Path(callback.run_dir), "injected": injected_snapshot()}
+        return record_alternating(train, tmp_path_factory.mktemp("hf") / "run", STEPS, ACCUMULATE, DELAYS)
 
 
 def test_each_phase_delay_comes_back_in_its_phase(hf_run: dict[str, Any]) -> None:
     # The control steps are interleaved with the delayed ones: on a shared 2-core machine the model's own
     # forward took 8.7 ms in one run and 13.5 ms in the next (more than the tolerance), and a control run
     # before the delayed one could not tell that drift from an error.
+    # Per optimizer step every micro-batch is collated, runs forward and backward; the optimizer steps once.
     steps = load_run(hf_run["run"]).steps(0)[2:]
-    own = phase_own_ms([s for s in steps if s.step % 2], PHASES)
-    delayed = [s for s in steps if s.step % 2 == 0]
-    errors = assert_delays_come_back(delayed, own, CALLS, DELAYS, hf_run["injected"])
+    errors = assert_alternate_steps_come_back(steps, ACCUMULATE, DELAYS, hf_run["injected"])
     print("transformers phase errors (ms: error, tolerance, injected):", errors)
 
 
@@ -99,10 +82,8 @@ def test_a_step_is_an_optimizer_step_of_its_micro_batches(hf_run: dict[str, Any]
 
 
 def test_report_advise_and_compare_read_the_record(hf_run: dict[str, Any], tmp_path: Path) -> None:
-    run = str(hf_run["run"])
-    assert main(["report", run, "-o", str(tmp_path / "report")]) == 0
-    assert (tmp_path / "report" / "report.html").is_file()
-    assert main(["advise", run, "--no-whatif"]) == 0
+    run = hf_run["run"]
+    assert_commands_read(run, tmp_path / "report")
     # Against a short run of the same workload without its delays: faster, or no verdict with one a side.
     # That run evaluates (two batches of 30 ms) and saves a checkpoint every 4 steps: neither is any step's
     # time (the next step's data phase, where the Trainer's gap between steps is, holds neither), and both
@@ -110,22 +91,10 @@ def test_report_advise_and_compare_read_the_record(hf_run: dict[str, Any], tmp_p
     from workloads.hf_trainer import train
 
     with one_torch_thread():
-        baseline = train(
-            tmp_path / "baseline",
-            8,
-            ACCUMULATE,
-            Delays(0, 0, 0, 0),
-            evaluate_every=4,
-            validation_ms=30.0,
-            count_flops=False,
+        steps = baseline_steps(
+            run, 8, lambda **options: train(tmp_path / "baseline", 8, ACCUMULATE, **options)
         )
-    assert main(["compare", str(baseline.run_dir), run]) in (0, 1)
-    record = load_run(baseline.run_dir)
-    steps = record.steps(0)
-    assert [s.step for s in steps] == list(range(8))
     assert steps[4].data_ms + steps[4].other_ms < 30.0, steps[4]
-    kinds = [e.get("kind") for e in record.ranks[0].events]
-    assert kinds.count("validation") == 2 and kinds.count("checkpoint") == 2, kinds
 
 
 @pytest.mark.slow
@@ -133,29 +102,8 @@ def test_two_ddp_ranks_under_torchrun_each_record_with_the_all_reduce_timed(tmp_
     """torchrun starts two gloo ranks; the Trainer wraps the model in DDP (accelerate) and hands callbacks
     the model inside: its all-reduce is timed all the same, and the noise scale taken in its hook."""
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node=2",
-            f"--master-port={free_port()}",
-            str(HF_TRAINER),
-            "--out",
-            str(out),
-            "--steps",
-            "6",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=str(tmp_path),
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    run = load_run(out)
-    assert run.world_size == 2 and run.missing_ranks == [] and run.warnings == []
+    launcher = ["-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
+    run = record_two_ranks([*launcher, str(HF_TRAINER), "--out", str(out), "--steps", "6"], out, tmp_path)
     assert run.manifest.trainer["strategy"] == "distributed"
     for rank in (0, 1):
         steps = run.steps(rank)
@@ -165,5 +113,4 @@ def test_two_ddp_ranks_under_torchrun_each_record_with_the_all_reduce_timed(tmp_
         # Taken in the DDP hook, on the steps the automatic sampling picks.
         (method,) = [e["method"] for e in run.ranks[rank].events if e.get("kind") == "noise_scale"]
         assert method == "ddp" and any(s.gns_small_sq is not None for s in steps)
-    assert main(["report", str(out), "-o", str(tmp_path / "report")]) == 0
-    assert main(["advise", str(out), "--no-whatif"]) == 0
+    assert_commands_read(out, tmp_path / "report")

@@ -15,6 +15,7 @@ import pytest
 
 from tuneup import load_run
 from tuneup.cli import main
+from tuneup.plugins.loop import TrackedLoop
 from tuneup.report import analyze
 
 from workloads.loops import Delays, clear_injected, injected_in
@@ -138,19 +139,26 @@ def test_a_torchrun_ddp_loop_is_one_run_with_both_ranks(tmp_path: Path) -> None:
     assert main(["report", str(out), "--out", str(tmp_path / "report"), "--format", "json"]) == 0
 
 
-def test_a_loops_accumulation_is_read_from_its_micro_batches(tmp_path: Path) -> None:
-    # The loop never says its accumulation; its steps counted two micro-batches each (a forward phase opens
-    # one), and that is what the analysis shows, not a default of 1.
+def _forward_backward_only(out: Path, steps: int, micro_batches: int) -> TrackedLoop:
+    """A loop of batches of 4 that marks forward and backward only, `micro_batches` of each a step: the
+    closed `TrackedLoop`."""
     import tuneup
 
-    with tuneup.track(tmp_path / "run", batch_size=4, telemetry_interval_s=0.5, count_flops=False) as run:
-        for _ in range(6):
-            for _ in range(2):
+    with tuneup.track(out, batch_size=4, telemetry_interval_s=0.5, count_flops=False) as run:
+        for _ in range(steps):
+            for _ in range(micro_batches):
                 with run.phase("forward"):
                     pass
                 with run.phase("backward"):
                     pass
             run.step()
+    return run
+
+
+def test_a_loops_accumulation_is_read_from_its_micro_batches(tmp_path: Path) -> None:
+    # The loop never says its accumulation; its steps counted two micro-batches each (a forward phase opens
+    # one), and that is what the analysis shows, not a default of 1.
+    run = _forward_backward_only(tmp_path / "run", steps=6, micro_batches=2)
     a = analyze(run.run_dir)
     assert a.run.accumulate_grad_batches == 2
     assert a.run.global_batch_size == 8
@@ -159,16 +167,9 @@ def test_a_loops_accumulation_is_read_from_its_micro_batches(tmp_path: Path) -> 
 def test_phases_a_loop_never_marked_are_not_timed_in_the_report_and_the_advice(tmp_path: Path) -> None:
     # The loop marks forward and backward only: data and optimizer are not zero, they are unmeasured (in
     # "other"), and neither the report's table nor the data-loading advice reads them as measured.
-    import tuneup
     from tuneup.advise import AdviceOptions, advise
 
-    with tuneup.track(tmp_path / "run", batch_size=4, telemetry_interval_s=0.5, count_flops=False) as run:
-        for _ in range(30):
-            with run.phase("forward"):
-                pass
-            with run.phase("backward"):
-                pass
-            run.step()
+    run = _forward_backward_only(tmp_path / "run", steps=30, micro_batches=1)
     a = analyze(run.run_dir)
     assert a.step_time.phases_not_timed == ["data", "optimizer", "sync"]
     out = tmp_path / "report"

@@ -20,24 +20,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workloads.loops import Delays, SleepySGD, _sleep_ms, _SlowBackward, make_loader
+from workloads.loops import Delays, SleepySGD, _sleep_ms, make_loader
 from workloads.phase_check import AlternateControlSteps
+from workloads.plain_loop import Net  # the plain loop's model, its forward and backward delays in it
 
 DEFAULT_DELAYS = Delays()
-
-
-class Net(torch.nn.Module):
-    """Its forward holds the forward delay, and its loss the backward delay (an autograd function)."""
-
-    def __init__(self, delays: Delays) -> None:
-        super().__init__()
-        self.delays = delays
-        self.net = torch.nn.Linear(16, 16)
-        self.head = torch.nn.Linear(16, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _sleep_ms(self.delays.forward_ms, "forward")
-        return _SlowBackward.apply(self.head(self.net(x)).pow(2).mean(), self.delays.backward_ms)
 
 
 def train(

@@ -67,10 +67,10 @@ def make_trainer(
     delays: Delays,
     world_size: int = 1,
     logging_steps: int = 5,
-    evaluate_every: int = 0,
+    validate_every: int = 0,
     validation_ms: float = 0.0,
 ) -> Any:
-    """`evaluate_every`: evaluate on two batches (`validation_ms` each) and save a checkpoint after every
+    """`validate_every`: evaluate on two batches (`validation_ms` each) and save a checkpoint after every
     that many steps."""
     from transformers import Trainer, TrainingArguments
 
@@ -85,10 +85,10 @@ def make_trainer(
         per_device_train_batch_size=BATCH_SIZE,
         gradient_accumulation_steps=accumulate,
         logging_steps=logging_steps,
-        eval_strategy="steps" if evaluate_every else "no",
-        eval_steps=evaluate_every or None,
-        save_strategy="steps" if evaluate_every else "no",
-        save_steps=evaluate_every or 500,
+        eval_strategy="steps" if validate_every else "no",
+        eval_steps=validate_every or None,
+        save_strategy="steps" if validate_every else "no",
+        save_steps=validate_every or 500,
         per_device_eval_batch_size=BATCH_SIZE,
         report_to=[],
         use_cpu=True,
@@ -100,7 +100,7 @@ def make_trainer(
         model=model,
         args=args,
         train_dataset=Tokens((steps * accumulate + 4) * BATCH_SIZE * world_size),
-        eval_dataset=Tokens(2 * BATCH_SIZE) if evaluate_every else None,
+        eval_dataset=Tokens(2 * BATCH_SIZE) if validate_every else None,
         data_collator=collate,
         optimizers=(SleepySGD(model.parameters(), delays.optimizer_ms), None),
         callbacks=[callback],
@@ -127,7 +127,7 @@ def train(
     delays: Delays = DEFAULT_DELAYS,
     alternate_control: bool = False,
     world_size: int = 1,
-    evaluate_every: int = 0,
+    validate_every: int = 0,
     validation_ms: float = 0.0,
     **options: Any,
 ) -> Any:
@@ -143,7 +143,7 @@ def train(
         accumulate,
         delays,
         world_size,
-        evaluate_every=evaluate_every,
+        validate_every=validate_every,
         validation_ms=validation_ms,
     )
     if alternate_control:

@@ -58,7 +58,16 @@ def injected_snapshot() -> list[tuple[str, float, float]]:
     return list(INJECTED)
 
 
-def phase_errors(
+# The phases every adapter's loop times, and the delays one optimizer step of `accumulate` micro-batches
+# holds: every micro-batch is fetched, runs forward and backward; the optimizer steps once.
+STEP_PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def calls_per_step(accumulate: int) -> dict[str, int]:
+    return {"data": accumulate, "forward": accumulate, "backward": accumulate, "optimizer": 1}
+
+
+def assert_delays_come_back(
     steady: Sequence[Any],
     own_ms: Mapping[str, float],
     calls: Mapping[str, int],
@@ -66,8 +75,9 @@ def phase_errors(
     injected_events: Sequence[tuple[str, float, float]],
 ) -> dict[str, tuple[float, float, float]]:
     """Per phase in `calls` (delays injected per step): (error in ms, tolerance in ms, the median injected
-    ms per step). The error is the delayed steps' phase less their injected delays, less the control's
-    (`phase_own_ms`). `injected_events`: the delayed run's (`injected_snapshot()` right after it)."""
+    ms per step), each error within its tolerance. The error is the delayed steps' phase less their injected
+    delays, less the control's (`phase_own_ms`). `injected_events`: the delayed run's (`injected_snapshot()`
+    right after it)."""
     errors: dict[str, tuple[float, float, float]] = {}
     for phase, n in calls.items():
         injected = [
@@ -83,17 +93,16 @@ def phase_errors(
         assert injected_ms > 0.9 * n * getattr(delays, f"{phase}_ms"), (phase, injected)
         left_ms = low_quartile(getattr(s, f"{phase}_ms") - i for s, i in zip(steady, injected, strict=True))
         errors[phase] = (left_ms - own_ms[phase], max(0.10 * injected_ms, 2.0), injected_ms)
-    return errors
-
-
-def assert_delays_come_back(
-    steady: Sequence[Any],
-    own_ms: Mapping[str, float],
-    calls: Mapping[str, int],
-    delays: Delays,
-    injected_events: Sequence[tuple[str, float, float]],
-) -> dict[str, tuple[float, float, float]]:
-    errors = phase_errors(steady, own_ms, calls, delays, injected_events)
     for phase, (error_ms, tolerance_ms, injected_ms) in errors.items():
         assert abs(error_ms) <= tolerance_ms, (phase, round(error_ms, 2), tolerance_ms, injected_ms)
     return errors
+
+
+def assert_alternate_steps_come_back(
+    steps: Sequence[Any], accumulate: int, delays: Delays, injected_events: Sequence[tuple[str, float, float]]
+) -> dict[str, tuple[float, float, float]]:
+    """`assert_delays_come_back` for a run of `AlternateControlSteps`: its odd steps are the control, its
+    even steps the delayed ones (pass the steady steps, past the first few)."""
+    own = phase_own_ms([s for s in steps if s.step % 2], STEP_PHASES)
+    delayed = [s for s in steps if s.step % 2 == 0]
+    return assert_delays_come_back(delayed, own, calls_per_step(accumulate), delays, injected_events)
