@@ -107,12 +107,11 @@ PREFETCH = Knob(
     option="--prefetch",
     metavar="N,...",
     help="DataLoader prefetch_factor values",
-    label=lambda v: f"p{v}",
+    label_format="p{}",
     apply=apply_prefetch,
-    code=lambda v: KnobCode(dataloader={"prefetch_factor": v}),
+    argument_of="dataloader",
     defaults=lambda current, job: (2, 4) if current is not None else (),
     unmeasured=lambda level, shares: (1.0 - 0.5 * shares.data, 1.05),
-    cli_arg="prefetch_factor",
 )
 
 BASE = Config(batch_size=32, accumulate_grad_batches=1, num_workers=2, precision="32-true")

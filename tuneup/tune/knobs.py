@@ -3,18 +3,19 @@
 A knob is one `Knob` entry in this registry, and its apply function. Every other part of the tuner reads
 the registry instead of spelling knobs:
 
-    tuneup.tune.space    Config's attributes, their order, their label ("b32 a2 w1 fp16"), the values
-                         SearchSpace accepts (`value_type`, `minimum`, `choices`)
+    tuneup.tune.space    Config's attributes, their order, their label ("b32 a2 w1 fp16", by each knob's
+                         `label_format`), the values SearchSpace accepts (`value_type`, `minimum`, `choices`)
     tuneup.tune.command  the `tuneup tune` option (`option`, `metavar`, `help`)
     tuneup.tune.session  the values tried around the baseline's (`defaults`), what the baseline's run says
                          the knob was (`from_run`), and whether a trial's run is checked against it (`verify`)
     tuneup.tune.predict  how the predictor reads it: an input of the step-time model (`model_input`), or a
                          residual knob whose effects the trials measure and whose unmeasured levels are
                          bounded by `unmeasured`
-    tuneup.tune.script   the LightningCLI override (`cli_key`, or `cli_arg` found in the script's config);
-                         a knob with neither reaches the trial through TuneupCallback
-    tuneup.tune.render   its name for people (`title`) and the code that applies it (`code`: DataLoader,
-                         Trainer or DDPStrategy arguments)
+    tuneup.tune.script   the LightningCLI override (`cli_key` for a Trainer argument, or `cli_arg` for a
+                         DataLoader's, found in the script's config: both from `argument_of`); a knob with
+                         neither reaches the trial through TuneupCallback
+    tuneup.tune.render   its name for people (`title`) and the code that applies it (`code`: the DataLoader,
+                         Trainer or DDPStrategy argument its `argument_of` names, or its own `code_of`)
     plugins/lightning/trial.py  calls `apply` in the training process, at the callback's setup
 
 How to add a knob
@@ -26,8 +27,9 @@ How to add a knob
    built DataLoader goes in `ctx.at_train_start(name, step)`. Import torch or Lightning inside it, never
    at the top of this module (the `tuneup` command starts without them).
 2. Add one `Knob(...)` to `_BUILT_IN`, at the end (the order is Config's: it orders configurations and
-   labels, and names trial directories). Give it `unmeasured` bounds unless the step-time model predicts
-   it (`model_input` with no bounds means the model alone predicts every level).
+   labels, and names trial directories). Say what its value is an argument of (`argument_of`), where it
+   is one argument of the knob's name, else its `code_of`. Give it `unmeasured` bounds unless the
+   step-time model predicts it (`model_input` with no bounds means the model alone predicts every level).
 3. Test it: tests/test_tune_knobs.py checks that every entry is complete and shows, with a knob registered
    for the test, how a value flows through the space, the trial and the report; add a case for the new
    knob's apply function with a real fit in tests/test_tune_trial.py.
@@ -41,7 +43,7 @@ import contextlib
 import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from tuneup.advise.observe import Observation
@@ -130,9 +132,14 @@ class Knob:
     option: str  # the `tuneup tune` option: "--batch-size"
     metavar: str
     help: str
-    label: Callable[[Any], str]  # the value in a configuration's short label: 32 -> "b32"
+    label_format: str  # the value in a configuration's short label, by str.format: "b{}" labels 32 "b32"
     apply: Callable[[TrialContext, Any], None]  # sets it in the training process (see the module doc)
-    code: Callable[[Any], KnobCode]  # the code that applies the value
+    # What the value is an argument of, under the knob's own name: a DataLoader's or DataModule's (its
+    # LightningCLI key found in the script's config), the Trainer's (LightningCLI's trainer.<name>) or
+    # DDPStrategy's. The code that applies the value and the LightningCLI override follow from it.
+    argument_of: Literal["dataloader", "trainer", "ddp"] | None = None
+    code_comment: str = ""  # at the end of the Python line that carries the argument
+    code_of: Callable[[Any], KnobCode] | None = None  # the code, for a knob that is no one argument
     minimum: int = 1  # int knobs: the least value
     choices: tuple[str, ...] = ()  # str knobs: the values allowed
     choices_owner: str = ""  # whose list the choices are, for the error: "Lightning's"
@@ -145,8 +152,31 @@ class Knob:
     # A residual knob (the trials measure its effects): how far a level no trial has measured could move
     # the step, (low, high) factors. None: the step-time model predicts every level.
     unmeasured: Callable[[Any, StepShares], tuple[float, float]] | None = None
-    cli_key: str | None = None  # its LightningCLI key, always there: "trainer.precision"
-    cli_arg: str | None = None  # an init argument of the datamodule or the model that takes it, if any
+
+    @property
+    def cli_key(self) -> str | None:
+        """Its LightningCLI key where every script has it (a Trainer argument): "trainer.precision"."""
+        return f"trainer.{self.name}" if self.argument_of == "trainer" else None
+
+    @property
+    def cli_arg(self) -> str | None:
+        """The init argument of the datamodule or the model that takes it in a LightningCLI script, if any."""
+        return self.name if self.argument_of == "dataloader" else None
+
+    def label(self, value: Any) -> str:
+        return self.label_format.format(value)
+
+    def code(self, value: Any) -> KnobCode:
+        """The code that applies the value (tuneup.tune.render.settings_code)."""
+        if self.argument_of == "dataloader":
+            return KnobCode(dataloader={self.name: value}, comment=self.code_comment)
+        if self.argument_of == "trainer":
+            return KnobCode(trainer={self.name: value}, comment=self.code_comment)
+        if self.argument_of == "ddp":  # DDPStrategy's arguments are written as Python expressions
+            return KnobCode(ddp={self.name: str(value)}, ddp_strategy=True, comment=self.code_comment)
+        if self.code_of is None:
+            raise ValueError(f"tuner knob {self.name!r} says neither its argument_of nor its code_of")
+        return self.code_of(value)
 
     def check(self, values: Sequence[Any]) -> tuple[Any, ...]:
         """The values as a search space holds them (ints sorted, others in the order given), each checked;
@@ -457,15 +487,15 @@ _BUILT_IN = (
         option="--batch-size",
         metavar="B,...",
         help="per-rank micro-batch sizes",
-        label=lambda v: f"b{v}",
+        label_format="b{}",
         apply=apply_batch_size,
-        code=lambda v: KnobCode(dataloader={"batch_size": v}, comment="batch_size is per rank"),
+        argument_of="dataloader",
+        code_comment="batch_size is per rank",
         defaults=_batch_defaults,
         from_run=lambda o: o.batch_size,
         verify=True,
         model_input=True,
         model_default=1,
-        cli_arg="batch_size",
     ),
     Knob(
         name="accumulate_grad_batches",
@@ -474,15 +504,14 @@ _BUILT_IN = (
         option="--accumulate",
         metavar="K,...",
         help="accumulate_grad_batches values",
-        label=lambda v: f"a{v}",
+        label_format="a{}",
         apply=apply_accumulation,
-        code=lambda v: KnobCode(trainer={"accumulate_grad_batches": v}),
+        argument_of="trainer",
         defaults=lambda current, job: (1, 2, 4),
         from_run=lambda o: o.accumulation,
         verify=True,
         model_input=True,
         model_default=1,
-        cli_key="trainer.accumulate_grad_batches",
     ),
     Knob(
         name="num_workers",
@@ -492,15 +521,14 @@ _BUILT_IN = (
         option="--workers",
         metavar="W,...",
         help="DataLoader num_workers values",
-        label=lambda v: f"w{v}",
+        label_format="w{}",
         apply=apply_workers,
-        code=lambda v: KnobCode(dataloader={"num_workers": v}),
+        argument_of="dataloader",
         defaults=_workers_defaults,
         from_run=lambda o: o.num_workers,
         verify=True,
         model_input=True,
         unmeasured=_workers_bound,
-        cli_arg="num_workers",
     ),
     Knob(
         name="comm_hook",
@@ -510,9 +538,9 @@ _BUILT_IN = (
         option="--comm-hook",
         metavar="H,...",
         help=f"DDP comm hooks: {', '.join(COMM_HOOKS)}",
-        label=str,
+        label_format="{}",
         apply=apply_comm_hook,
-        code=_hook_code,
+        code_of=_hook_code,
         defaults=_hook_defaults,
         # The record says DDP ran, not which hook: the script's own is taken as DDP's default.
         from_run=lambda o: "allreduce" if o.world_size > 1 else None,
@@ -527,14 +555,13 @@ _BUILT_IN = (
         option="--precision",
         metavar="P,...",
         help="Lightning precisions (LightningCLI scripts)",
-        label=str,
+        label_format="{}",
         apply=refuse_precision,
-        code=lambda v: KnobCode(trainer={"precision": v}),
+        argument_of="trainer",
         from_run=lambda o: o.precision,
         verify=True,
         model_input=True,
         unmeasured=_precision_bound,
-        cli_key="trainer.precision",
     ),
     Knob(
         name="bucket_cap_mb",
@@ -543,9 +570,9 @@ _BUILT_IN = (
         option="--bucket-cap-mb",
         metavar="MB,...",
         help="DDP gradient bucket sizes (DDP's default: 25)",
-        label=lambda v: f"bucket{v}MB",
+        label_format="bucket{}MB",
         apply=apply_bucket_cap,
-        code=lambda v: KnobCode(ddp={"bucket_cap_mb": str(v)}, ddp_strategy=True),
+        argument_of="ddp",
         unmeasured=_bucket_bound,
     ),
 )
