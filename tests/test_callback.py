@@ -390,6 +390,32 @@ trainer:
     assert [s.step for s in run.steps(0)] == [0, 1, 2, 3] and run.steps(0)[0].samples == 4
 
 
+def test_whole_policies_take_effect_and_a_keyword_beside_its_policy_is_refused(tmp_path: Path) -> None:
+    from tuneup.recording import PricingPolicy, ProfilingPolicy, RecordingPolicy
+
+    # Which of the two was meant cannot be told: both are named. Every adapter's session refuses it alike.
+    both = r"flush_every_steps= given both as a keyword and in recording=RecordingPolicy\(\.\.\.\)"
+    with pytest.raises(ValueError, match=both):
+        TuneupCallback(recording=RecordingPolicy(flush_every_steps=5), flush_every_steps=7)
+    with pytest.raises(ValueError, match=r"instance= given both as a keyword and in pricing=PricingPolicy"):
+        tuneup.track(tmp_path / "loop", pricing=PricingPolicy(), instance="aws:p4d.24xlarge")
+    cb = TuneupCallback(
+        dirpath=tmp_path / "run",
+        recording=RecordingPolicy(flush_every_steps=3),
+        profiling=ProfilingPolicy(telemetry_interval_s=0.5, count_flops=False),
+        timing="auto",  # its policy's default, as LightningCLI passes every keyword: the policy's stands
+        instance="aws:p4d.24xlarge",  # a keyword of the one policy not given whole
+    )
+    assert cb.policy.flush_every_steps == 3 and cb.price is not None
+    fit("lightning", tmp_path / "run", max_steps=4, callback=cb)
+    run = load_run(cb.run_dir)
+    recording = run.manifest.raw["recording"]
+    assert (recording["flush_every_steps"], recording["telemetry_interval_s"]) == (3, 0.5)
+    assert run.manifest.raw["flops"]["count_flops"] is False
+    assert not [e for e in run.ranks[0].events if e["kind"] == "flops"]
+    assert run.manifest.raw["pricing"]["instance"] == "aws:p4d.24xlarge"
+
+
 def test_second_fit_with_the_same_callback_is_a_new_run(tmp_path: Path) -> None:
     cb = TuneupCallback(dirpath=tmp_path / "run", telemetry_interval_s=0.5)
     model = make_module("lightning")

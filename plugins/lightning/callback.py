@@ -38,7 +38,7 @@ from tuneup.plugins.lightning.trainer_taps import TrainerTaps
 from tuneup.plugins.lightning.trial import TrialControl, trial_run_dir
 from tuneup.record.writer import RecordingPolicy
 from tuneup.recording import RecordingSession, TrainerRanks
-from tuneup.recording.policies import KEYWORD_POLICY
+from tuneup.recording.policies import KEYWORD_POLICY, PricingPolicy, ProfilingPolicy, keywords_beside
 from tuneup.tune.protocol import ENV_TRIAL, TrialSpec
 
 
@@ -102,6 +102,9 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         instance, spot, price_per_hour, price_per, catalog, electricity_usd_per_kwh: what the job costs
             (``instance`` is a catalog key such as ``"aws:p4d.24xlarge"``, checked now: an unknown key
             raises, naming the closest ones): ``tuneup.recording.PricingPolicy``.
+        recording, profiling, pricing: a policy whole (``recording=RecordingPolicy(flush_every_steps=10)``),
+            instead of its keywords above; a keyword left at its default defers to it, and one set beside
+            its policy raises ValueError, naming both.
 
     Without ``instance`` or ``price_per_hour``, the environment may price the run: ``TUNEUP_INSTANCE``
     (with ``TUNEUP_SPOT=1``, ``TUNEUP_CATALOG``) or ``TUNEUP_PRICE_PER_HOUR`` (with ``TUNEUP_PRICE_PER``).
@@ -139,14 +142,21 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         profile_start_step: int = 10,
         noise_scale: bool = True,
         noise_scale_every: int | None = None,
+        recording: RecordingPolicy | None = None,
+        profiling: ProfilingPolicy | None = None,
+        pricing: PricingPolicy | None = None,
     ) -> None:
         super().__init__()
         for name, fn in (("batch_size_fn", batch_size_fn), ("tokens_fn", tokens_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{OWNER}({name}=...) must be a function of the batch, got {fn!r}")
-        # Every other keyword is a policy's field of the same name.
-        options = {k: v for k, v in locals().items() if k in KEYWORD_POLICY}
-        self._session = RecordingSession(dirpath, owner=OWNER, **options)
+        # Every other keyword is a policy's field of the same name; one left at its default defers to its
+        # policy given whole.
+        keywords = {k: v for k, v in locals().items() if k in KEYWORD_POLICY}
+        options = keywords_beside(keywords, recording, profiling, pricing)
+        self._session = RecordingSession(
+            dirpath, recording=recording, profiling=profiling, pricing=pricing, owner=OWNER, **options
+        )
         self.counter = BatchCounter(batch_size_fn, tokens_fn)
         self.log_to_trainer = bool(log_to_trainer)
         self._trial: TrialControl | None = None  # a `tuneup tune` trial (TUNEUP_TRIAL set), else None

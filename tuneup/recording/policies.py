@@ -15,6 +15,7 @@ what is wrong with one in its own name.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -147,6 +148,14 @@ class PricingPolicy:
 _POLICIES: tuple[type, ...] = (RecordingPolicy, ProfilingPolicy, PricingPolicy)
 # Each keyword the adapters accept, and the policy it belongs to.
 KEYWORD_POLICY: dict[str, type] = {f.name: cls for cls in _POLICIES for f in fields(cls)}
+# Each keyword's default: a policy made without it holds this.
+KEYWORD_DEFAULTS: dict[str, Any] = {f.name: f.default for cls in _POLICIES for f in fields(cls)}
+# The keyword that takes each policy whole (``recording=RecordingPolicy(...)``), as SessionOptions names it.
+POLICY_ARGUMENTS: dict[type, str] = {
+    RecordingPolicy: "recording",
+    ProfilingPolicy: "profiling",
+    PricingPolicy: "pricing",
+}
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,20 @@ class SessionOptions:
     recording: RecordingPolicy
     profiling: ProfilingPolicy
     pricing: PricingPolicy
+
+
+def keywords_beside(keywords: Mapping[str, Any], *policies: object | None) -> dict[str, Any]:
+    """The flat keywords to pass on beside `policies` (those given whole, None for one not given): a keyword
+    of a given policy only where it is set to other than its default, which then is given twice (the
+    session refuses it). For an adapter whose signature spells every keyword with its default, as
+    TuneupCallback's does for LightningCLI (which passes them all): it cannot tell one left alone."""
+    return {
+        k: v
+        for k, v in keywords.items()
+        if k not in KEYWORD_POLICY
+        or v != KEYWORD_DEFAULTS[k]
+        or not any(isinstance(p, KEYWORD_POLICY[k]) for p in policies)
+    }
 
 
 def policies_from_keywords(owner: str, **keywords: Any) -> SessionOptions:

@@ -51,7 +51,13 @@ from tuneup.recording.headline import HeadlineMetrics, Metrics
 from tuneup.recording.manifest import build_manifest
 from tuneup.recording.mirror import start_mirror
 from tuneup.recording.noise import NoiseScaleSteps, choose_method
-from tuneup.recording.policies import KEYWORD_POLICY, PricingPolicy, ProfilingPolicy, policies_from_keywords
+from tuneup.recording.policies import (
+    KEYWORD_POLICY,
+    POLICY_ARGUMENTS,
+    PricingPolicy,
+    ProfilingPolicy,
+    policies_from_keywords,
+)
 from tuneup.recording.ranks import Ranks, gather_hosts
 from tuneup.recording.run_dir import (
     MARKER_TIMEOUT_S,
@@ -110,7 +116,8 @@ class RecordingSession:
         recording, profiling, pricing: the policies (tuneup.recording.policies); defaults where None.
         owner: the name errors and warnings give the user (``"TuneupCallback"``).
         keywords: the policies' fields by their own names instead (``flush_every_steps=``, ``timing=``,
-            ``instance=``...: TuneupCallback's keywords), for a policy not given whole.
+            ``instance=``...: TuneupCallback's keywords), for a policy not given whole; a keyword of a
+            policy that is given too raises ValueError, naming both.
 
     The price choice is checked now (an unknown instance raises), before any training starts.
     """
@@ -127,11 +134,22 @@ class RecordingSession:
     ) -> None:
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
             raise TypeError(f"{owner}(dirpath=...) must be a path or None, got {type(dirpath).__name__}")
+        given = {RecordingPolicy: recording, ProfilingPolicy: profiling, PricingPolicy: pricing}
+        for cls, policy in given.items():
+            if policy is not None and not isinstance(policy, cls):
+                argument = POLICY_ARGUMENTS[cls]
+                raise TypeError(f"{owner}({argument}=...) must be a {cls.__name__}, got {policy!r}")
         if keywords:  # TuneupCallback's flat names (policies_from_keywords), for a policy not given whole
-            given = {RecordingPolicy: recording, ProfilingPolicy: profiling, PricingPolicy: pricing}
             twice = sorted(k for k in keywords if given.get(KEYWORD_POLICY.get(k, object)) is not None)
             if twice:
-                raise TypeError(f"{owner}: {', '.join(twice)} given both as a keyword and in a policy")
+                # Which of the two was meant cannot be told: name both.
+                names = ", ".join(f"{k}=" for k in twice)
+                classes = dict.fromkeys(KEYWORD_POLICY[k] for k in twice)
+                policies = " and ".join(f"{POLICY_ARGUMENTS[c]}={c.__name__}(...)" for c in classes)
+                raise ValueError(
+                    f"{owner}: {names} given both as a keyword and in {policies}: give each option once, "
+                    "as a keyword or in its policy"
+                )
             options = policies_from_keywords(owner, **keywords)
             recording = recording or options.recording
             profiling = profiling or options.profiling
