@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from tuneup._stats import finite, quantile, weighted_quantile
 from tuneup.analyze.model import PhaseTime, Quantiles, RankStepTime, RankThroughput, StepTime, Throughput
 from tuneup.analyze.ranks import RankProfile
-from tuneup.record.schema import PHASE_NAMES, PHASES, Run, StepRecord
+from tuneup.record.schema import PHASE_NAMES, PHASES, TUNEUP_PHASE, Run, StepRecord
 
 # A mean more than this many times its median is carried by a minority of slow steps: it still sums to
 # the step and prices the run, but it is not what a typical step spends. 1.25 leaves room for the
@@ -160,7 +160,7 @@ def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) 
     if any(s.tuneup_ms is not None for s in all_steps):
         # tuneup's own time, where the record keeps it out of the phases: a line of its own, so that the
         # phases are the user's and the lines still add up to the step.
-        per_phase["tuneup"] = [s.tuneup_ms or 0.0 for s in all_steps]
+        per_phase[TUNEUP_PHASE] = [s.tuneup_ms or 0.0 for s in all_steps]
     phases = {}
     for name, values in per_phase.items():
         ms = _mean(values, weights)
@@ -192,7 +192,7 @@ def step_time(steady: dict[int, list[StepRecord]], profiles: list[RankProfile]) 
                         _mean([getattr(s, k) or 0.0 for s in steady[p.rank]], rank_weights[p.rank])
                     )
                     for k in (*PHASES, "tuneup_ms")
-                    if k != "tuneup_ms" or "tuneup" in phases
+                    if k != "tuneup_ms" or TUNEUP_PHASE in phases
                 },
                 distribution_ms=quantiles(s.wall_ms for s in steady[p.rank]),
             )
