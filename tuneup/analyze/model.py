@@ -94,6 +94,10 @@ class RunInfo:
     steps_seen: int | None = None
     detail_steps: int | None = None
     sample_every: int | None = None
+    # Which adapter recorded the run (each rank's info: "lightning", "lightning.fabric", "transformers",
+    # "loop"), for the advice's code; None where the record does not say (the Lightning callback's before
+    # adapters named themselves).
+    adapter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,16 @@ def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
         timing=sorted({rec.info.timing for rec in run.ranks.values() if rec.info.timing}),
         start_method=t.get("start_method") if m.world_size > 1 else None,
         **_sampling(run),
+        adapter=_adapter(run),
     )
+
+
+def _adapter(run: Run) -> str | None:
+    """The adapter that recorded the run, as the lowest rank that says it (its info) names it; a plain loop's
+    manifest names it too."""
+    said = [rec.info.raw.get("adapter") for _, rec in sorted(run.ranks.items())]
+    named = [name for name in [*said, run.manifest.trainer.get("adapter")] if isinstance(name, str)]
+    return named[0] if named else None
 
 
 def _sampling(run: Run) -> dict[str, int | None]:
