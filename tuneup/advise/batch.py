@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tuneup.advise import code
 from tuneup.advise.context import AdviceContext, describe
 from tuneup.advise.memory import MEMORY_HEADROOM, memory_model
 from tuneup.advise.model import Change, Recommendation, Setting
@@ -171,7 +170,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             changes=changes,
             proposed=proposed,
             evidence=evidence,
-            code=code.batch_size(ctx.namespace, setting.batch_size, accumulation),
+            code=ctx.code.batch_size(setting.batch_size, accumulation),
             caveats=caveats,
             confidence=_confidence(ctx, setting, measured),
             settle=("; ".join(_fit_caveats(ctx)) + ". So " if not prior and _fit_caveats(ctx) else "")

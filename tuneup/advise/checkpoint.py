@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 
-from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Change, Range, Recommendation
 from tuneup.analyze.interruptions import young_daly_interval_s
@@ -113,7 +112,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     step_s = (ctx.observation.step_mean_ms / 1000.0) * (1 + (_loop_overhead(ctx) or 0.0))
     steps = max(1, round(best / step_s))
     # The time-based form only where it is a whole number of seconds: timedelta(seconds=0) saves never.
-    python, yaml = code.model_checkpoint(ctx.namespace, steps, best if round(best) >= 1 else None)
+    python, yaml = ctx.code.checkpoint(steps, best if round(best) >= 1 else None)
     evidence = [
         f"{n} interruption(s) in {_duration(run_s)}: mean time between interruptions {_duration(mtbf)}",
         f"a checkpoint save takes {save_s:.2g} s (median of {saves} timed)",
@@ -125,7 +124,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     caveats = [
         "the interval rests on the interruptions this record saw; with few of them the MTBF is uncertain "
         "(the interval of the gain spans its ~90% range)",
-        'a restart resumes from the last checkpoint only with save_last=True and ckpt_path="last"',
+        ctx.code.resume(),
     ]
     return [
         Recommendation(

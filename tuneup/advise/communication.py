@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Change, Recommendation
 from tuneup.advise.observe import Observation
@@ -102,7 +101,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             changes=[Change("compression", "none", "fp16")],
             proposed=ctx.predict(replace(current, comm_bytes_factor=0.5)),
             evidence=evidence,
-            code=code.sync_strategy(ctx.namespace, {"compression": "fp16"}),
+            code=ctx.code.sync_strategy({"compression": "fp16"}),
             caveats=[
                 "fp16 gradients lose precision below ~6e-8 and overflow above 65504: the strategy compresses "
                 f"after {STRATEGY.warmup_steps} exact steps (warmup_steps), compares the compressed average "
@@ -135,7 +134,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         ],
         proposed=ctx.predict(doubled),
         evidence=evidence,
-        code=code.trainer_args(ctx.namespace, {"accumulate_grad_batches": doubled.accumulate_grad_batches}),
+        code=ctx.code.accumulation(doubled.accumulate_grad_batches),
         caveats=[
             f"the global batch doubles ({current.global_batch} → {doubled.global_batch}): scale the learning rate "
             "(linear for SGD, square root for Adam-family) and re-check convergence",
@@ -160,20 +159,22 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
                 "bucket_cap_mb",
                 f"latency is {alpha_ms:.1f} ms of the step over {len(o.bucket_bytes)} buckets; a larger "
                 "bucket_cap_mb cuts it but delays the first collective: try "
-                "DDPStrategy(bucket_cap_mb=100) and compare (buckets are fixed when DDP wraps the model)",
+                f"{ctx.code.ddp_args({'bucket_cap_mb': 100})} and compare (buckets are fixed when DDP wraps the "
+                "model)",
             )
         else:
             ctx.skip("bucket_cap_mb", f"per-collective latency is {alpha_ms:.2f} ms per step: not material")
     ctx.skip(
         "gradient_as_bucket_view",
-        "saves one gradient-sized copy of memory, not time: DDPStrategy(gradient_as_bucket_view=True) where "
-        "memory is short",
+        "saves one gradient-sized copy of memory, not time: "
+        f"{ctx.code.ddp_args({'gradient_as_bucket_view': True})} where memory is short",
     )
     ctx.skip(
         "PowerSGD",
         "its bytes depend on the parameters' shapes, which the record does not hold, so no prediction: try "
         f'TuneupDDPStrategy(compression="powersgd") (rank {STRATEGY.powersgd_rank}, error feedback, exact for '
-        f"the first {SyncConfig(compression='powersgd').start_step} steps; it runs on gloo too) and "
+        f"the first {SyncConfig(compression='powersgd').start_step} steps; it runs on gloo too)"
+        f"{ctx.code.sync_strategy_note()} and "
         "compare the runs with `tuneup compare BASELINE CANDIDATE`",
     )
     return out
@@ -248,7 +249,7 @@ def _local_sgd(ctx: AdviceContext, evidence: list[str]) -> Recommendation | None
             f"many bytes as the gradients) over {o.world_size} ranks, {how}, after the optimizer with nothing to "
             f"overlap ({averaging_ms / period:.1f} ms per step)",
         ],
-        code=code.sync_strategy(ctx.namespace, kwargs),
+        code=ctx.code.sync_strategy(kwargs),
         caveats=caveats,
         # What local steps save is the exposed wait and the interference; the latter is a measurement only
         # against a one-rank run, else the interval spans none to all of it.

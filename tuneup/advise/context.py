@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from tuneup.advise.code import TrainerCode, for_run
 from tuneup.advise.model import MIN_GAIN, Change, Considered, Predicted, Range, Recommendation, Setting
 from tuneup.advise.observe import RUN_TO_RUN_NOISE, Observation
 from tuneup.advise.outcomes import Economics, cost_change, outcome, relative_gain
@@ -109,6 +110,11 @@ class AdviceContext:
     @property
     def namespace(self) -> str | None:
         return self.analysis.run.namespace
+
+    @property
+    def code(self) -> TrainerCode:
+        """The code of the trainer that recorded the run: what each recommendation prints."""
+        return for_run(self.analysis.run.adapter, self.namespace)
 
     @property
     def setting(self) -> Setting:

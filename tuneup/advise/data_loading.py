@@ -43,7 +43,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Change, Predicted, Range, Recommendation
 from tuneup.analyze.findings import lightning_max_workers
@@ -343,14 +342,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     caveats.append(
         "each worker holds a copy of the Dataset object and prefetch_factor batches: watch host memory"
     )
-    python, yaml = code.dataloader_args(args)
-    if threads is not None:
-        python = "import torch\n" + python.replace(
-            "\n\nloader",
-            f"\n\ntorch.set_num_threads({threads})  # in the main process, before fit: {w} core(s) left to the "
-            "workers\nloader",
-        )
-        yaml += f"\n# and torch.set_num_threads({threads}) in the training script (no LightningCLI key)"
+    python, yaml = ctx.code.dataloader(args, threads, w)
     rec = ctx.recommendation(
         "data_loading.num_workers",
         f"Load batches in {w} DataLoader worker(s)",
@@ -377,7 +369,7 @@ def _fewer(ctx: AdviceContext, w0: int) -> None:
     cap = lightning_max_workers(cpus, o.ranks_per_node)
     account = _account(ctx, w0)
     target = min(cap, math.floor(account.spare + CORE_SLACK))
-    python, _ = code.dataloader_args({"num_workers": target})
+    python, _ = ctx.code.dataloader({"num_workers": target})
     ctx.skip(
         f"num_workers {w0} → {target}",
         f"too many workers: num_workers={w0} is above Lightning's bound of {cap} (max(1, {cpus} CPUs // "

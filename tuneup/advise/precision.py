@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tuneup.advise import code
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.model import Change, Range, Recommendation
 from tuneup.catalog.gpus import load_gpu_specs, match_gpu, peak_tflops_for_precision
@@ -76,7 +75,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         changes=[Change("precision", o.precision or "32-true", "bf16-mixed")],
         proposed=proposed,
         evidence=evidence,
-        code=code.trainer_args(ctx.namespace, {"precision": "bf16-mixed"}),
+        code=ctx.code.precision("bf16-mixed", o.on_gpu),
         caveats=[
             "bf16 keeps fp32's range but has 8 bits of mantissa: compare the loss curve with a 32-true run",
             "small steps gain less: the host's per-step work does not shrink with precision",
@@ -93,8 +92,8 @@ def _cpu_bf16(ctx: AdviceContext, hardware: str) -> list[Recommendation]:
     o = ctx.observation
     scale = CPU_FP32_TO_BF16
     proposed = ctx.predict(replace(ctx.setting, precision="bf16-mixed"), compute_scale=scale)
-    python, yaml = code.trainer_args(ctx.namespace, {"precision": "bf16-mixed"})
-    apply = python.splitlines()[-1]
+    python, yaml = ctx.code.precision("bf16-mixed", o.on_gpu)
+    apply = ctx.code.precision_line("bf16-mixed", o.on_gpu)
     rec = ctx.recommendation(
         id="precision.bf16_on_cpu",
         title="Try bf16-mixed on this CPU",
@@ -160,7 +159,7 @@ def _cpu(ctx: AdviceContext, precision: str) -> list[Recommendation]:
         changes=[Change("precision", o.precision or "bf16-mixed", "32-true")],
         proposed=proposed,
         evidence=evidence,
-        code=code.trainer_args(ctx.namespace, {"precision": "32-true"}),
+        code=ctx.code.precision("32-true", o.on_gpu),
         caveats=["32-true keeps twice the activation memory of bf16: watch host memory at large batches"],
         confidence="medium" if o.cpu_bf16 is False else "low",
         settle="rerun with precision='32-true' and compare the runs with `tuneup compare`",
