@@ -4,12 +4,18 @@ bandwidth the collectives reached against what the link should give, and which r
 A rank that arrives late at a collective finds the others already waiting in it: its own collective is
 short and theirs are long. A slow link makes every rank's collectives long alike. Per-rank collective
 time is what tells the two apart.
+
+Under a TuneupDDPStrategy the per-step figures are of the strategy's phase, the run's setting: its exact
+warm-up is another setting, and mixing the two says neither. A local SGD step between averages runs no
+collective and counts as zero, so that the phase's figure is its collective time over all of its steps, not
+the mean of the one step in H that averaged (which overstated the per-step time H-fold).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 
 from tuneup._stats import finite, mean
 from tuneup.analyze.interconnect import GB, collective_table, fit_alpha_beta, link_verdict
@@ -22,6 +28,7 @@ from tuneup.analyze.model import (
     RankComm,
     SizeTime,
 )
+from tuneup.analyze.sync_strategy import StrategyPhases, strategy_phases
 from tuneup.catalog.interconnects import expected_link, gpu_link_from_inventory
 from tuneup.record.schema import CollectiveRecord, Run, StepRecord
 
@@ -81,29 +88,64 @@ def _fits(records: list[CollectiveRecord], world_size: int) -> list[CollectiveFi
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _StepComm:
+    wall_ms: float
+    comm_ms: float
+    exposed_ms: float | None
+    bytes: int | None
+    count: int | None
+
+
+def _known(steps: list[StepRecord], phases: StrategyPhases | None) -> list[_StepComm]:
+    """The communication of each step where it is known: the step's own figures, or zeros where the
+    strategy ran no collective in it (a local SGD step between averages: no figure, but not an unknown)."""
+    out = []
+    for s in steps:
+        if s.comm_ms is not None:
+            out.append(_StepComm(s.wall_ms, s.comm_ms, s.comm_exposed_ms, s.comm_bytes, s.comm_count))
+        elif phases is not None and phases.sent_nothing(s):
+            out.append(_StepComm(s.wall_ms, 0.0, 0.0, 0, 0))
+    return out
+
+
+def _setting_steps(
+    steady: dict[int, list[StepRecord]], phases: StrategyPhases | None
+) -> dict[int, list[StepRecord]]:
+    """The steady steps the per-step figures are means over: under a TuneupDDPStrategy that started, its
+    phase's (the run's setting; the exact warm-up is another, whose figures the sync section holds), else
+    all of them."""
+    if phases is None or phases.started_at is None:
+        return steady
+    in_phase = {rank: [s for s in steps if phases.in_strategy(s.step)] for rank, steps in steady.items()}
+    return in_phase if any(in_phase.values()) else steady
+
+
 def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Communication | None:
     """The report's communication section, or None when the run timed no collective."""
+    phases = strategy_phases(run)
+    setting = _setting_steps(steady, phases)
     per_rank = []
-    for rank, steps in sorted(steady.items()):
-        timed = [s for s in steps if s.comm_ms is not None]
+    for rank, steps in sorted(setting.items()):
+        known = _known(steps, phases)
         per_rank.append(
             RankComm(
                 rank=rank,
-                steps_with_comm=len(timed),
-                comm_ms=finite(mean([s.comm_ms for s in timed])),  # type: ignore[misc]
-                exposed_ms=finite(mean([s.comm_exposed_ms for s in timed if s.comm_exposed_ms is not None])),
-                bytes_per_step=finite(mean([s.comm_bytes for s in timed if s.comm_bytes is not None])),
-                collectives_per_step=finite(mean([s.comm_count for s in timed if s.comm_count is not None])),
+                steps_with_comm=sum(1 for s in steps if s.comm_ms is not None),
+                comm_ms=finite(mean([k.comm_ms for k in known])),
+                exposed_ms=finite(mean([k.exposed_ms for k in known if k.exposed_ms is not None])),
+                bytes_per_step=finite(mean([k.bytes for k in known if k.bytes is not None])),
+                collectives_per_step=finite(mean([k.count for k in known if k.count is not None])),
             )
         )
     records = [c for rec in run.ranks.values() for c in rec.collectives]
     if not records and not any(r.steps_with_comm for r in per_rank):
         return None
     # A network probe's run has collectives and no training steps: its section is the tables and fits.
-    all_timed = [s for steps in steady.values() for s in steps if s.comm_ms is not None]
-    wall = statistics.fmean(s.wall_ms for s in all_timed) if all_timed else None
-    comm = statistics.fmean(s.comm_ms for s in all_timed) if all_timed else None  # type: ignore[misc]
-    exposed_values = [s.comm_exposed_ms for s in all_timed if s.comm_exposed_ms is not None]
+    known = [k for steps in setting.values() for k in _known(steps, phases)]
+    wall = statistics.fmean(k.wall_ms for k in known) if known else None
+    comm = statistics.fmean(k.comm_ms for k in known) if known else None
+    exposed_values = [k.exposed_ms for k in known if k.exposed_ms is not None]
     exposed = statistics.fmean(exposed_values) if exposed_values else None
     world = run.world_size
     table = collective_table(records, world)

@@ -637,6 +637,11 @@ class SyncStrategy:
     checks: list[SyncCheck]
     fallbacks: list[SyncFallback]
     notes: list[str]
+    # The collectives' time per steady exact step (the gradient all-reduce the strategy replaces), and
+    # local SGD's parameter average: what one cost the step, the steady averaging steps' mean step over the
+    # other local steps' (None: not local SGD, or no step of either kind).
+    exact_comm_ms: float | None = decimals(3, None)
+    averaging_ms: float | None = decimals(3, None)
 
 
 # -- cost --------------------------------------------------------------------------------------------

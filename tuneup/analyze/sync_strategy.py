@@ -14,17 +14,27 @@ start sent, where there were any, else the strategy's count of DDP's buckets: th
 
 The time figures compare two stretches of one run, not two runs: the exact warm-up is early training, so
 the saving is a measurement of this run, not a prediction, and the notes say so.
+
+Each figure is a mean over the steps of the phase it belongs to. A local SGD step between averages runs no
+collective, so its record has no communication figure: where the run's collectives were timed that is zero
+communication, not an unknown (`StrategyPhases.sent_nothing`), and a per-step figure of the local phase is
+its collective time over all of its steps, not over the one step in H that averaged.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tuneup._stats import mean, number
 from tuneup.analyze.model import SyncCheck, SyncFallback, SyncStrategy
 from tuneup.record.schema import Run, StepRecord
+
+# tuneup.collect.comm.PARAM_AVERAGING: the source of local SGD's averaging collectives (analyze never
+# imports the collection side, which imports torch).
+PARAM_AVERAGING = "param_avg"
 
 EVENT_KINDS = ("sync_strategy", "sync_started", "sync_check", "sync_fallback", "sync_summary")
 # tuneup.sync.controller's name for exact averaging. A fallback to it is final: no check runs after it.
@@ -123,6 +133,92 @@ def _in_phase(step: int, started_at: int, end_step: int | None) -> bool:
     return step >= started_at and (end_step is None or step < end_step)
 
 
+def _local_sgd_period(strategy: Mapping[str, Any]) -> int | None:
+    config = strategy.get("config")
+    period = _int(config.get("local_sgd_period")) if isinstance(config, Mapping) else None
+    return period if period is not None and period > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyPhases:
+    """Which of a run's (0-based) steps ran under its TuneupDDPStrategy, and which ran no collective."""
+
+    started_at: int | None  # None: the strategy never started; every step was exact
+    end_step: int | None  # the first fallback; None: it ran to the end
+    local_sgd_period: int | None  # as configured; None: a compressing strategy
+    # Local SGD's steps run from started_at up to here (its fallback to exact; one to a shorter period
+    # stays local); None: to the end.
+    local_until: int | None
+    probed: bool  # the run's collectives were timed: a step that recorded none ran none
+
+    def in_strategy(self, step: int) -> bool:
+        return self.started_at is not None and _in_phase(step, self.started_at, self.end_step)
+
+    def local(self, step: int) -> bool:
+        """Whether the step was a local SGD step (one that averaged the parameters included)."""
+        return (
+            self.local_sgd_period is not None
+            and self.started_at is not None
+            and _in_phase(step, self.started_at, self.local_until)
+        )
+
+    def sent_nothing(self, record: StepRecord) -> bool:
+        """Whether a step without a communication figure ran no collective (a local SGD step between
+        averages), so that its communication is zero rather than unknown."""
+        return record.comm_ms is None and self.probed and self.local(record.step)
+
+
+def strategy_phases(run: Run) -> StrategyPhases | None:
+    """The run's strategy phases, or None where it used no TuneupDDPStrategy."""
+    events = _events(run)
+    return _phases(run, events) if events else None
+
+
+def _phases(run: Run, events: Mapping[str, Sequence[Mapping[str, Any]]]) -> StrategyPhases:
+    summary: Mapping[str, Any] = events["sync_summary"][-1] if events["sync_summary"] else {}
+    started = events["sync_started"]
+    started_at = _int(started[0].get("step")) if started else _int(summary.get("started_at"))
+    fallbacks = _fallbacks(events["sync_fallback"], summary) if started_at is not None else []
+    to_exact = next((f.step for f in fallbacks if f.to_mode == EXACT_MODE), None)
+    return StrategyPhases(
+        started_at=started_at,
+        end_step=fallbacks[0].step if fallbacks else None,
+        local_sgd_period=_local_sgd_period(events["sync_strategy"][0]),
+        local_until=to_exact,
+        probed=any(s.comm_bytes is not None for rec in run.ranks.values() for s in rec.steps),
+    )
+
+
+def _averaging_ms(
+    run: Run, phases: StrategyPhases, steady: Mapping[int, Sequence[StepRecord]]
+) -> float | None:
+    """What one local SGD parameter average cost a step: the mean step of the steady local steps that
+    averaged over that of the ones that did not (the average's collective, and the copies into and out of
+    its flat buffer, on the training thread after the optimizer step). None where either kind is missing."""
+    period, started_at = phases.local_sgd_period, phases.started_at
+    if period is None or started_at is None:
+        return None
+    averaged = {
+        (rank, c.step)
+        for rank, rec in run.ranks.items()
+        for c in rec.collectives
+        if c.source == PARAM_AVERAGING
+    }
+    averaging, between = [], []
+    for rank, steps in steady.items():
+        for s in steps:
+            if not phases.local(s.step):
+                continue
+            # Without timed collectives, the strategy's schedule (one optimizer: every H-th local step).
+            did = (rank, s.step) in averaged if phases.probed else (s.step - started_at + 1) % period == 0
+            (averaging if did else between).append(s)
+    if not averaging or not between:
+        return None
+    return max(
+        0.0, statistics.fmean(s.wall_ms for s in averaging) - statistics.fmean(s.wall_ms for s in between)
+    )
+
+
 def _steps(by_rank: Iterable[Sequence[StepRecord]]) -> list[StepRecord]:
     """Every rank's records in one list: the figures are means over the ranks' steps."""
     return [s for steps in by_rank for s in steps]
@@ -160,10 +256,9 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
     strategy = events["sync_strategy"][0]
     summary: Mapping[str, Any] = events["sync_summary"][-1] if events["sync_summary"] else {}
     start_step = _int(strategy.get("start_step")) or 0
-    started = events["sync_started"]
-    started_at = _int(started[0].get("step")) if started else _int(summary.get("started_at"))
+    phases = _phases(run, events)
+    started_at, end_step = phases.started_at, phases.end_step
     fallbacks = _fallbacks(events["sync_fallback"], summary)
-    end_step = fallbacks[0].step if fallbacks and started_at is not None else None
     hierarchical = strategy.get("hierarchical") is True
     nodes = _int(strategy.get("nodes")) or 1
     all_steps = _steps(rec.steps for rec in run.ranks.values())
@@ -179,9 +274,8 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
 
     # A step with no collective recorded sent nothing (a local SGD step), where the probe recorded the
     # run's collectives at all; without it (profile_communication=False) no step has bytes.
-    probed = any(s.comm_bytes is not None for s in all_steps)
     phase = (
-        [s for s in all_steps if probed and _in_phase(s.step, started_at, end_step)]
+        [s for s in all_steps if phases.probed and _in_phase(s.step, started_at, end_step)]
         if started_at is not None
         else []
     )
@@ -251,7 +345,11 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
         strategy_steps_timed=strategy_steps_timed,
         exact_exposed_comm_ms=mean([s.comm_exposed_ms for s in exact_timed if s.comm_exposed_ms is not None]),
         strategy_exposed_comm_ms=mean(
-            [s.comm_exposed_ms for s in strategy_timed if s.comm_exposed_ms is not None]
+            [
+                0.0 if phases.sent_nothing(s) else s.comm_exposed_ms
+                for s in strategy_timed
+                if s.comm_exposed_ms is not None or phases.sent_nothing(s)
+            ]
         ),
         exact_step_ms=exact_step_ms,
         strategy_step_ms=strategy_step_ms,
@@ -259,6 +357,8 @@ def sync_strategy_section(run: Run, steady: dict[int, list[StepRecord]]) -> Sync
         checks=_checks(events["sync_check"], summary),
         fallbacks=fallbacks,
         notes=notes,
+        exact_comm_ms=mean([s.comm_ms for s in exact_timed if s.comm_ms is not None]),
+        averaging_ms=_averaging_ms(run, phases, steady),
     )
 
 
