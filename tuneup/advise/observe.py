@@ -31,16 +31,20 @@ class Observation:
     step_mean_ms: float
     step_median_ms: float
     # Mean per training step over all ranks (phases of the step clock); backward holds the wait for
-    # exposed collectives, which `exposed_ms` says.
+    # exposed gradient collectives (`exposed_in_backward_ms`), "other" local SGD's parameter averages
+    # (`averaging_per_step_ms`).
     data_ms: float
     forward_ms: float
     backward_ms: float
     optimizer_ms: float
     sync_ms: float
     other_ms: float
-    comm_ms: float | None  # the collectives' summed durations per step
+    # The gradient collectives' summed durations, the part the step waited for after backward, and their
+    # bytes (per rank), per step that all-reduced gradients: under local SGD its exact warm-up's steps
+    # (`synced_share` of the steady steps), whose all-reduce the model holds its collectives to.
+    comm_ms: float | None
     exposed_ms: float | None
-    comm_bytes: float | None  # per step and rank
+    comm_bytes: float | None
     bucket_bytes: tuple[int, ...]  # one steady step's collectives, in launch order
     fits: tuple[CollectiveFit, ...]
     backend: str | None
@@ -64,6 +68,11 @@ class Observation:
     local_sgd_period: int | None = None
     compression: str | None = None  # "fp16", "bf16" or "powersgd"
     averaging_ms: float | None = None
+    # The share of the steady steps that all-reduced gradients: 1.0 but under local SGD, whose local steps
+    # (the rest) sent none and waited for none in backward.
+    synced_share: float = 1.0
+    # The exact steps TuneupDDPStrategy took before it started, as this run set it (None: no strategy).
+    strategy_start_step: int | None = None
     run_steps: int | None = None  # optimizer steps the run was set to take (max_steps), else took
     # Whether the host's CPU has bf16 arithmetic (AVX512-BF16 or AMX); None: not recorded.
     cpu_bf16: bool | None = None
@@ -90,10 +99,24 @@ class Observation:
         return self.batch_size * self.accumulation * self.world_size
 
     @property
+    def exposed_in_backward_ms(self) -> float:
+        """The wait for gradient collectives per steady step, as the phases count (a mean over all of them):
+        in backward, on the steps that synced gradients."""
+        return (self.exposed_ms or 0.0) * self.synced_share
+
+    @property
+    def averaging_per_step_ms(self) -> float:
+        """Local SGD's parameter averages per steady step: one every `local_sgd_period` local steps, in the
+        "other" phase (the average runs after the optimizer step); 0 without local SGD."""
+        if self.local_sgd_period is None or self.averaging_ms is None:
+            return 0.0
+        return self.averaging_ms / self.local_sgd_period * (1.0 - self.synced_share)
+
+    @property
     def compute_per_micro_batch_ms(self) -> float:
-        """Forward and backward of one micro-batch, without the exposed wait for collectives."""
-        exposed = self.exposed_ms or 0.0
-        return max(0.0, self.forward_ms + self.backward_ms - exposed) / self.accumulation
+        """Forward and backward of one micro-batch, without the exposed wait for collectives (only what
+        backward waited: a local SGD run's averages wait in "other", not here)."""
+        return max(0.0, self.forward_ms + self.backward_ms - self.exposed_in_backward_ms) / self.accumulation
 
 
 def observe(analysis: RunAnalysis) -> Observation:
@@ -154,7 +177,11 @@ def observe(analysis: RunAnalysis) -> Observation:
     hw = run.hardware
     mem_totals = [g.mem_total_bytes for g in analysis.telemetry.gpus if g.mem_total_bytes]
     ranks_per_node = max(1, run.world_size // max(1, run.num_nodes))
-    local_sgd_period, compression, averaging = _sync_strategy(analysis, step.median_ms)
+    strategy = _sync_strategy(analysis)
+    if strategy.local_sgd_period is not None:
+        # Local SGD sends no gradient: the collectives the model holds its gradient all-reduce to are the
+        # exact warm-up's, per step that ran them; the averages are `averaging_ms`.
+        comm_ms, exposed, comm_bytes = strategy.exact_comm_ms, strategy.exact_exposed_ms, strategy.exact_bytes
     host = analysis.environment.host or {}
     cpu_bf16 = host.get("cpu_bf16")
     contention = [c for c in analysis.telemetry.cpu_contention if c.samples]
@@ -201,9 +228,11 @@ def observe(analysis: RunAnalysis) -> Observation:
         num_workers=loader.num_workers,
         pin_memory=loader.pin_memory,
         persistent_workers=loader.persistent_workers,
-        local_sgd_period=local_sgd_period,
-        compression=compression,
-        averaging_ms=averaging,
+        local_sgd_period=strategy.local_sgd_period,
+        compression=strategy.compression,
+        averaging_ms=strategy.averaging_ms,
+        synced_share=strategy.synced_share,
+        strategy_start_step=analysis.sync_strategy.start_step if analysis.sync_strategy is not None else None,
         run_steps=run_steps,
         cpu_bf16=cpu_bf16 if isinstance(cpu_bf16, bool) else None,
         contended=any(c.contended for c in contention) if contention else None,
@@ -214,24 +243,43 @@ def observe(analysis: RunAnalysis) -> Observation:
 _LOCAL_SGD = re.compile(r"local SGD, H=(\d+)")
 
 
-def _sync_strategy(analysis: RunAnalysis, median_ms: float) -> tuple[int | None, str | None, float | None]:
-    """(local SGD period, compression, the parameter average's time in ms) of the TuneupDDPStrategy the run
-    used, from its section's label (tuneup.sync.config.SyncConfig.label spells it). The average's time: a
-    local SGD run's mean step in the strategy's phase is the local step (the median, H > 2) plus one
-    average every H steps."""
+@dataclass(frozen=True, slots=True)
+class _Strategy:
+    """The TuneupDDPStrategy a run used, as the model reads it (all None: DDP's exact all-reduce)."""
+
+    local_sgd_period: int | None = None
+    compression: str | None = None  # "fp16", "bf16" or "powersgd"
+    averaging_ms: float | None = None  # per parameter average, as the local phase measured it
+    # Local SGD: the exact warm-up's collectives per step, and its share of the steady steps.
+    exact_comm_ms: float | None = None
+    exact_exposed_ms: float | None = None
+    exact_bytes: float | None = None
+    synced_share: float = 1.0
+
+
+def _sync_strategy(analysis: RunAnalysis) -> _Strategy:
+    """The TuneupDDPStrategy the run used, from its section's label (tuneup.sync.config.SyncConfig.label
+    spells it). Under local SGD each figure is of the phase it was measured in: the gradient all-reduce of
+    the exact warm-up's steady steps, and the average's cost from the local steps that averaged against
+    those that did not (a median over both phases once read it as 0: the warm-up's exact steps are the
+    slower ones)."""
     sync = analysis.sync_strategy
     if sync is None:
-        return None, None, None
+        return _Strategy()
     label = sync.label
     match = _LOCAL_SGD.search(label)
     if match:
-        period = int(match.group(1))
-        averaging = None
-        if sync.strategy_step_ms is not None and period > 2 and sync.strategy_steps_timed > 0:
-            averaging = max(0.0, sync.strategy_step_ms - median_ms) * period
-        return period, None, averaging
+        timed = sync.exact_steps_timed + sync.strategy_steps_timed
+        return _Strategy(
+            local_sgd_period=int(match.group(1)),
+            averaging_ms=sync.averaging_ms,
+            exact_comm_ms=sync.exact_comm_ms,
+            exact_exposed_ms=sync.exact_exposed_comm_ms,
+            exact_bytes=sync.exact_bytes_per_step,
+            synced_share=sync.exact_steps_timed / timed if timed else 1.0,
+        )
     lowered = label.lower()
     for name in ("fp16", "bf16", "powersgd"):
         if name in lowered:
-            return None, name, None
-    return None, None, None
+            return _Strategy(compression=name)
+    return _Strategy()

@@ -451,7 +451,9 @@ class StepTimeModel:
             typical = _step_range(mid - averaging[0], lo - averaging[1], hi - averaging[2], err)
         if period is not None and not averaging_measured:
             terms["averaging_unmeasured"] = 1.0
-        warmup = _local_sgd_warmup(period, self.run_steps)
+        # A run already on this strategy keeps its own warm-up; one that would start it, the strategy's default.
+        own = period is not None and period == self.base.local_sgd_period
+        warmup = _local_sgd_warmup(period, self.run_steps, self.base.strategy_start_step if own else None)
         if warmup > 0:
             # The strategy's exact warm-up steps are part of the run: its mean step over the run's length.
             exact = self._predict(
@@ -518,14 +520,17 @@ def _step_range(mid: float, low: float, high: float, err: float) -> Range:
     return Range(mid, max(min(low, mid) / (1 + err), MIN_STEP_MS), max(high, mid) * (1 + err))
 
 
-def _local_sgd_warmup(period: int | None, run_steps: int | None) -> float:
+def _local_sgd_warmup(period: int | None, run_steps: int | None, start_step: int | None = None) -> float:
     """The share of a run of `run_steps` that TuneupDDPStrategy(local_sgd_period=period) spends in its exact
-    warm-up (its defaults, tuneup/sync/config.py); 0 where the run's length is unknown."""
+    warm-up: `start_step` steps where the run set it, else its defaults' (tuneup/sync/config.py); 0 where the
+    run's length is unknown."""
     if period is None or not run_steps:
         return 0.0
-    from tuneup.sync.config import SyncConfig
+    if start_step is None:
+        from tuneup.sync.config import SyncConfig
 
-    return min(1.0, SyncConfig(local_sgd_period=period).start_step / run_steps)
+        start_step = SyncConfig(local_sgd_period=period).start_step
+    return min(1.0, start_step / run_steps)
 
 
 # -- fitting -----------------------------------------------------------------------------------------
@@ -568,8 +573,8 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     )
     if line.prior:
         notes.append(line.prior)
-    compute_total = sum(o.forward_ms + o.backward_ms - (o.exposed_ms or 0.0) for o in observations)
-    backward_total = sum(o.backward_ms - (o.exposed_ms or 0.0) for o in observations)
+    compute_total = sum(o.forward_ms + o.backward_ms - o.exposed_in_backward_ms for o in observations)
+    backward_total = sum(o.backward_ms - o.exposed_in_backward_ms for o in observations)
     backward_share = backward_total / compute_total if compute_total > 0 else 2 / 3
     # The data wait and the loop's own time (with Lightning's collectives between batches, sync) come with
     # every micro-batch: accumulation multiplies them. Each is a line in the batch size like compute, so
@@ -642,9 +647,10 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
             sync = measured_sync(o)
             if not sync:
                 continue
-            exposed = o.exposed_ms or 0.0
-            bwd = (o.backward_ms - exposed - interference.get(o.world_size, 0.0)) / o.accumulation
-            gammas.append(_solve_gamma(max(bwd, 0.0), sync, exposed))
+            bwd = (
+                o.backward_ms - o.exposed_in_backward_ms - interference.get(o.world_size, 0.0)
+            ) / o.accumulation
+            gammas.append(_solve_gamma(max(bwd, 0.0), sync, o.exposed_ms or 0.0))
         return statistics.median(gammas) if gammas else None
 
     # How the collectives shared the step with backward.
@@ -667,7 +673,8 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
         # the second as the point (gloo reduces and copies on the cores that compute); a GPU the first
         # (NCCL runs on a few SMs and its own copy engines).
         def overlapped(o: Observation) -> float:
-            return max(0.0, (o.comm_ms or 0.0) - (o.exposed_ms or 0.0))
+            """Per steady step, as compute is: only the steps that synced gradients overlapped any."""
+            return max(0.0, (o.comm_ms or 0.0) - (o.exposed_ms or 0.0)) * o.synced_share
 
         serial_line = _fit_line(
             [(o.batch_size, o.compute_per_micro_batch_ms - overlapped(o) / o.accumulation) for o in ref]
@@ -732,9 +739,11 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
 
 def _loop_ms(o: Observation) -> float:
     """The loop's own time per step (other and Lightning's sync), with whatever of the mean step the phases
-    do not account for: the model gives back the step the run measured, not the sum of its phases."""
+    do not account for: the model gives back the step the run measured, not the sum of its phases. Less
+    local SGD's averages, which "other" holds and the model adds as a term of their own (left in, they
+    would grow with accumulation as the loop's time does, where one average serves the whole step)."""
     phases = o.data_ms + o.forward_ms + o.backward_ms + o.optimizer_ms + o.sync_ms + o.other_ms
-    return o.other_ms + o.sync_ms + (o.step_mean_ms - phases)
+    return o.other_ms + o.sync_ms + (o.step_mean_ms - phases) - o.averaging_per_step_ms
 
 
 def observed_setting(o: Observation) -> Setting:
