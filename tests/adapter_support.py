@@ -49,10 +49,10 @@ def baseline_steps(run: Path | str, steps: int, train: Callable[..., Any]) -> li
     return out
 
 
-def record_two_ranks(argv: list[str], out: Path, cwd: Path) -> Run:
+def record_two_ranks(argv: list[str], out: Path, cwd: Path, env: dict[str, str] | None = None) -> Run:
     """Runs `python *argv` (a launcher that starts two DDP ranks over gloo, recording to `out`) in `cwd`: the
-    run, with both ranks and no warning."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    run, with both ranks and no warning. `env`: the environment (default: this process's)."""
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, *argv], capture_output=True, text=True, timeout=240, env=env, cwd=str(cwd)
     )

@@ -13,6 +13,22 @@ from tuneup._log import reset_said
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT / "tests" / "workloads" / "tiny.py"
 
+# `make` installs transformers here, off the environment's default path, so that the tests' many other
+# processes do not import it with Lightning (see the Makefile). This process and the Hugging Face Trainer's
+# test processes (`hf_environ`) find it.
+HF_SITE = Path(sys.prefix) / "hf-site"
+if HF_SITE.is_dir() and str(HF_SITE) not in sys.path:
+    sys.path.append(str(HF_SITE))
+
+
+def hf_environ(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's environment) with transformers' directory on PYTHONPATH, for a
+    process that trains with the Hugging Face Trainer."""
+    env = dict(os.environ if env is None else env)
+    if HF_SITE.is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(HF_SITE)) if p)
+    return env
+
 
 # Tests that time something against the wall clock (injected delays coming back in their phase, a bench
 # verdict, the callback's overhead, a CPU-burning neighbour flagged, a recommendation's measured gain) or

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 from tuneup import load_run
 
 from adapter_support import assert_commands_read, baseline_steps, record_alternating, record_two_ranks
-from conftest import free_port
+from conftest import free_port, hf_environ
 from workloads.hf_trainer import BATCH_SIZE, SEQUENCE
 from workloads.loops import Delays
 from workloads.phase_check import assert_alternate_steps_come_back
@@ -103,7 +103,8 @@ def test_two_ddp_ranks_under_torchrun_each_record_with_the_all_reduce_timed(tmp_
     the model inside: its all-reduce is timed all the same, and the noise scale taken in its hook."""
     out = tmp_path / "run"
     launcher = ["-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
-    run = record_two_ranks([*launcher, str(HF_TRAINER), "--out", str(out), "--steps", "6"], out, tmp_path)
+    argv = [*launcher, str(HF_TRAINER), "--out", str(out), "--steps", "6"]
+    run = record_two_ranks(argv, out, tmp_path, env=hf_environ())
     assert run.manifest.trainer["strategy"] == "distributed"
     for rank in (0, 1):
         steps = run.steps(rank)
