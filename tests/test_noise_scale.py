@@ -383,8 +383,10 @@ def gns_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, 
             base / "ddp_scaled", "--devices", "2", "--max-steps", "300", "--loss-scale", "1024"
         ),
         "acc": _fit(base / "acc", "--accumulate", "2", "--max-steps", "2000"),
+        # The scaled runs are compared with the plain ones step for step (to 1%), not with the truth:
+        # a few hundred steps show a scale left in as well as a thousand.
         "acc_scaled": _fit(
-            base / "acc_scaled", "--accumulate", "2", "--max-steps", "1000", "--loss-scale", "1024"
+            base / "acc_scaled", "--accumulate", "2", "--max-steps", "300", "--loss-scale", "1024"
         ),
     }
 
@@ -430,7 +432,7 @@ def test_ddp_and_accumulation_estimates_match_the_brute_force_truth(gns_runs) ->
 
 @pytest.mark.slow
 def test_a_loss_scale_of_1024_is_divided_out(gns_runs) -> None:  # type: ignore[no-untyped-def]
-    for plain_name, scaled_name, last in (("ddp", "ddp_scaled", 299), ("acc", "acc_scaled", 999)):
+    for plain_name, scaled_name, last in (("ddp", "ddp_scaled", 299), ("acc", "acc_scaled", 299)):
         _, plain = gns_runs[plain_name]
         _, scaled = gns_runs[scaled_name]
         a, b = _estimate(plain, last), _estimate(scaled, last)
