@@ -178,12 +178,13 @@ class TrainerCode(ABC):
     def precision_line(self, precision: str, on_gpu: bool) -> str:
         """The one line of `precision` that a sentence quotes."""
 
-    @abstractmethod
     def dataloader(
         self, args: Mapping[str, object], threads: int | None = None, workers: int | None = None
     ) -> Snippet:
         """DataLoader arguments (num_workers, pin_memory, ...), and where `threads` is given, the main
-        process's intra-op threads cut to it, leaving `workers` cores to the workers."""
+        process's intra-op threads cut to it, leaving `workers` cores to the workers. A trainer that is
+        handed the user's own DataLoader (Fabric, a plain loop) takes them there."""
+        return _loader_python(args, threads, workers, "training"), None
 
     @abstractmethod
     def checkpoint(self, every_n_train_steps: int, train_time_interval_s: float | None = None) -> Snippet:
@@ -349,11 +350,6 @@ class FabricCode(TrainerCode):
     def precision_line(self, precision: str, on_gpu: bool) -> str:
         return f"fabric = Fabric(..., precision={_python(precision)})"
 
-    def dataloader(
-        self, args: Mapping[str, object], threads: int | None = None, workers: int | None = None
-    ) -> Snippet:
-        return _loader_python(args, threads, workers, "training"), None
-
     def checkpoint(self, every_n_train_steps: int, train_time_interval_s: float | None = None) -> Snippet:
         return _loop_checkpoint(
             every_n_train_steps,
@@ -510,11 +506,6 @@ class LoopCode(TrainerCode):
         if precision != "bf16-mixed":  # fp16 needs a GradScaler too: more than one line
             raise ValueError(f"no plain-loop code for precision {precision!r}")
         return f'with torch.autocast("{"cuda" if on_gpu else "cpu"}", dtype=torch.bfloat16):'
-
-    def dataloader(
-        self, args: Mapping[str, object], threads: int | None = None, workers: int | None = None
-    ) -> Snippet:
-        return _loader_python(args, threads, workers, "training"), None
 
     def checkpoint(self, every_n_train_steps: int, train_time_interval_s: float | None = None) -> Snippet:
         return _loop_checkpoint(
