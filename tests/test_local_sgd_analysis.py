@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tuneup.advise import communication
+from tuneup.advise.context import AdviceContext
 from tuneup.advise.observe import Observation, observe
+from tuneup.advise.outcomes import Economics
 from tuneup.advise.step_model import fit_step_model
 from tuneup.analyze.model import RunAnalysis
 from tuneup.record import RankWriter, load_run, write_manifest
@@ -187,6 +190,20 @@ def test_the_average_costs_what_the_averaging_steps_took_over_the_other_local_st
     assert local_step.terms_ms["compute"] == pytest.approx(COMPUTE_MS)
     # The loop's own time is the loop's: the averages are not in it, to be doubled by accumulation.
     assert local_step.terms_ms["other"] == pytest.approx(LOOP_MS, abs=0.3)
+
+
+def test_the_communication_advice_weighs_what_the_mean_step_waited(local_run: RunAnalysis) -> None:
+    # The communication rule judged a local SGD run by its exact steps' wait, as if every step waited 12 ms
+    # after backward: the mean step waited that on the warm-up's share of the steps, and 5 ms a step (an
+    # average every 4) on the rest.
+    o = observe(local_run)
+    ctx = AdviceContext(
+        analysis=local_run, observation=o, model=fit_step_model([o]),
+        economics=Economics(None, None, None, o.samples_per_step), objective="samples/s",
+    )  # fmt: skip
+    waited = EXPOSED_MS * o.synced_share + AVERAGE_MS / PERIOD * (1 - o.synced_share)
+    evidence = [e for rec in communication.recommend(ctx) for e in rec.evidence]
+    assert f"{waited:.1f} ms waited a step ({waited / o.step_mean_ms:.1%} of the" in " ".join(evidence)
 
 
 # -- the accuracy benchmark's local SGD run ---------------------------------------------------------------

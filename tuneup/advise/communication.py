@@ -49,11 +49,18 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         return []
     step = o.step_mean_ms
     interference = ctx.model.interference_ms.get(o.world_size)
-    cost_ms = o.exposed_ms + (interference or 0.0)
+    # What the mean step waited; under local SGD, the exact warm-up's wait and the averages, over every step.
+    waited_ms = o.exposed_in_backward_ms + o.averaging_per_step_ms
+    cost_ms = waited_ms + (interference or 0.0)
     share = cost_ms / step
+    waited = f"collectives {o.comm_ms:.1f} ms per step, of which the step waited {o.exposed_ms:.1f} ms after backward"
+    if o.local_sgd_period is not None:
+        waited = (
+            f"local SGD: the exact warm-up's {waited} ({o.synced_share:.0%} of the steps), then a parameter average "
+            f"every {o.local_sgd_period} steps ({o.averaging_ms or 0:.1f} ms each): {waited_ms:.1f} ms waited a step"
+        )
     evidence = [
-        f"collectives {o.comm_ms:.1f} ms per step, of which the step waited {o.exposed_ms:.1f} ms after backward "
-        f"({o.exposed_ms / step:.1%} of the {step:.1f} ms step)",
+        f"{waited} ({waited_ms / step:.1%} of the {step:.1f} ms step)",
         f"{len(o.bucket_bytes)} bucket(s), {(o.comm_bytes or 0) / 2**20:.2f} MiB per step over {o.backend or 'the'} "
         f"backend; link fit alpha {o.fits[0].alpha_us:.0f} us per collective, bus bandwidth "
         f"{o.fits[0].busbw_gbytes_per_s or 0:.3g} GB/s"
