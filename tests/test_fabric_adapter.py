@@ -84,12 +84,13 @@ def test_report_advise_and_compare_read_the_record(fabric_run: dict[str, Any], t
 def test_two_ddp_ranks_each_record_with_the_all_reduce_timed(tmp_path: Path) -> None:
     out = tmp_path / "run"
     # Fabric's DDP launcher starts this script again for rank 1, as Lightning's Trainer does.
-    argv = [str(FABRIC_LOOP), "--out", str(out), "--devices", "2", "--steps", "6", "--accumulate", "2"]
+    # 12 steps: the advice needs 5 steady ones after a warm-up that a loaded machine draws out.
+    argv = [str(FABRIC_LOOP), "--out", str(out), "--devices", "2", "--steps", "12", "--accumulate", "2"]
     run = record_two_ranks(argv, out, tmp_path)
     assert run.manifest.trainer["strategy"] == "DDPStrategy"
     for rank in (0, 1):
         steps = run.steps(rank)
-        assert [s.step for s in steps] == list(range(6))
+        assert [s.step for s in steps] == list(range(12))
         assert all(s.micro_batches == 2 for s in steps)
         # The last micro-batch of each step all-reduces the gradients (no_backward_sync skips the first):
         # DDP's hook timed it.
