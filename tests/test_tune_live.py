@@ -23,15 +23,18 @@ CLI = ROOT / "tests" / "workloads" / "tune_cli.py"
 QUICK = ["--trial-steps", "40", "--warmup-steps", "5", "--min-steps", "20", "--stall-timeout", "20"]
 
 
-def session_processes() -> list[int]:
-    """Processes still running with a tuning session's marker in their environment."""
+def session_processes(under: Path) -> list[int]:
+    """Processes still running with a tuning session's marker in their environment, of a session whose trials
+    record under `under` (their environment names their run directory): other tests' sessions may be
+    running beside this one, on another pytest-xdist worker."""
     found = []
-    marker = f"{ENV_SESSION}=".encode()
+    marker, directory = f"{ENV_SESSION}=".encode(), str(under.resolve()).encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if marker in (entry / "environ").read_bytes():
+            environ = (entry / "environ").read_bytes()
+            if marker in environ and directory in environ:
                 state = (entry / "stat").read_text().split()[2]
                 if state != "Z":
                     found.append(int(entry.name))
@@ -68,12 +71,12 @@ def state(out: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(autouse=True)
-def no_orphans() -> Any:
+def no_orphans(tmp_path: Path) -> Any:
     yield
     deadline = time.monotonic() + 10
-    while session_processes() and time.monotonic() < deadline:
+    while session_processes(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert session_processes() == [], "a trial's process outlived the tuning session"
+    assert session_processes(tmp_path) == [], "a trial's process outlived the tuning session"
 
 
 @pytest.mark.slow
