@@ -25,6 +25,7 @@ from tuneup.analyze.model import RunAnalysis
 from tuneup.record import RankWriter, load_run, write_manifest
 from tuneup.record.schema import StepRecord
 from tuneup.report import analyze
+from tuneup.report.markdown import render_markdown
 
 from synthetic import step_record
 
@@ -272,3 +273,13 @@ def test_accumulation_on_a_local_sgd_run_is_predicted_near_what_it_measured(benc
     doubled = model.predict(dataclasses.replace(model.setting(), accumulate_grad_batches=2)).mean_ms.value
     predicted = 2 * base / doubled - 1
     assert abs((1 + predicted) / (1 + measured) - 1) < 0.10, (predicted, measured)
+
+
+def test_the_report_shows_what_an_average_and_an_exact_all_reduce_cost(local_run: RunAnalysis) -> None:
+    md = render_markdown(local_run, [])
+    part = md[md.index("## Gradient synchronisation") :]
+    all_reduce = next(
+        line for line in part.splitlines() if line.startswith("| Gradient all-reduce, each exact")
+    )
+    average = next(line for line in part.splitlines() if line.startswith("| One parameter average"))
+    assert f"{ALLREDUCE_MS:.1f} ms" in all_reduce and f"{AVERAGE_MS:.1f} ms" in average, (all_reduce, average)

@@ -109,6 +109,13 @@ def _comparison(sync: SyncStrategy) -> Block:
         ),
         ("Steps timed", count(sync.exact_steps_timed), count(sync.strategy_steps_timed), ""),
     ]
+    if sync.averaging_ms is not None:
+        # What each side's synchronisation costs where it runs: the all-reduce at every exact step, the
+        # parameter average at one local step in H (the other local steps send nothing).
+        rows[-1:-1] = [
+            ("Gradient all-reduce, each exact step", ms(sync.exact_comm_ms), MISSING, ""),
+            ("One parameter average: added to its step", MISSING, ms(sync.averaging_ms), ""),
+        ]
     return table(
         "Exact all-reduce against the strategy, per rank and step",
         ("", "Exact (warm-up)", sync.label, "Change"),
