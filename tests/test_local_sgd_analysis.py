@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tuneup.advise import communication
+from tuneup.advise import communication, interconnect
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.observe import Observation, observe
 from tuneup.advise.outcomes import Economics
 from tuneup.advise.step_model import fit_step_model
-from tuneup.analyze.model import RunAnalysis
+from tuneup.analyze.model import LinkCheck, RunAnalysis
 from tuneup.record import RankWriter, load_run, write_manifest
 from tuneup.record.schema import StepRecord
 from tuneup.report import analyze
@@ -283,3 +283,22 @@ def test_the_report_shows_what_an_average_and_an_exact_all_reduce_cost(local_run
     )
     average = next(line for line in part.splitlines() if line.startswith("| One parameter average"))
     assert f"{ALLREDUCE_MS:.1f} ms" in all_reduce and f"{AVERAGE_MS:.1f} ms" in average, (all_reduce, average)
+
+
+def test_a_faster_link_saves_what_the_mean_step_waited_not_the_warmups_wait_at_every_step(
+    local_run: RunAnalysis,
+) -> None:
+    # At half the reference bandwidth a link at the reference halves the collectives' wait: the mean step's
+    # (the warm-up's 12 ms on its share of the steps, and the averages), not 12 ms at every step.
+    o = observe(local_run)
+    ctx = AdviceContext(
+        analysis=local_run, observation=o, model=fit_step_model([o]),
+        economics=Economics(None, None, None, o.samples_per_step), objective="samples/s",
+    )  # fmt: skip
+    link = LinkCheck(name="test link", reason="test", source=None, ratio=0.5)
+    predicted = interconnect._scaled_exposed(ctx, link)
+    assert predicted is not None
+    waited_ms = EXPOSED_MS * o.synced_share + AVERAGE_MS / PERIOD * (1 - o.synced_share)
+    assert predicted.step_ms.value == pytest.approx(
+        ctx.current.step_ms.value * (o.step_mean_ms - waited_ms / 2) / o.step_mean_ms
+    )

@@ -98,9 +98,13 @@ def _scaled_exposed(ctx: AdviceContext, link: LinkCheck) -> Predicted | None:
     o = ctx.observation
     if not o.exposed_ms or not link.ratio or link.ratio >= 1:
         return None
-    saved = o.exposed_ms * (1 - link.ratio)
+    # What the mean step waited for collectives: under local SGD, the exact warm-up's wait on its share of
+    # the steps and the parameter averages over the rest (0 without local SGD); the low end leaves the
+    # averages out (copies into and out of their buffer are part of them, and no link shortens those).
+    gradient_wait_ms = o.exposed_in_backward_ms
+    saved = (gradient_wait_ms + o.averaging_per_step_ms) * (1 - link.ratio)
     excess = ctx.analysis.ranks.straggler.excess_ms if ctx.analysis.ranks.straggler is not None else None
-    least = max(0.0, o.exposed_ms - (excess or 0.0)) * (1 - link.ratio)
+    least = max(0.0, gradient_wait_ms - (excess or 0.0)) * (1 - link.ratio)
     return without_ms(ctx.current, o.step_mean_ms, (saved, least, saved))
 
 
