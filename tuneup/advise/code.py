@@ -162,9 +162,17 @@ class TrainerCode(ABC):
 
     name: str  # the trainer as a sentence names it
 
-    @abstractmethod
     def batch_size(self, batch: int, accumulation: int | None) -> Snippet:
-        """A per-rank batch size and, where it changes, the micro-batches accumulated per optimizer step."""
+        """A per-rank batch size and, where it changes, the micro-batches accumulated per optimizer step. A
+        trainer handed the user's own DataLoader (Fabric, a plain loop) takes the batch size there."""
+        python = dataloader_args({"batch_size": batch})[0] + "  # per rank" + self.batch_size_note(batch)
+        if accumulation is not None:
+            python += "\n\n" + self.accumulation(accumulation)[0]
+        return python, None
+
+    def batch_size_note(self, batch: int) -> str:
+        """What follows the DataLoader line of `batch_size` ("": nothing)."""
+        return ""
 
     @abstractmethod
     def accumulation(self, micro_batches: int) -> Snippet:
@@ -328,12 +336,6 @@ class FabricCode(TrainerCode):
         "# Fabric's DDPStrategy takes DistributedDataParallel's arguments, not a communication hook."
     )
 
-    def batch_size(self, batch: int, accumulation: int | None) -> Snippet:
-        python = dataloader_args({"batch_size": batch})[0] + "  # per rank"
-        if accumulation is not None:
-            python += "\n\n" + self.accumulation(accumulation)[0]
-        return python, None
-
     def accumulation(self, micro_batches: int) -> Snippet:
         loop = _accumulation_loop(
             micro_batches,
@@ -464,14 +466,8 @@ class LoopCode(TrainerCode):
         "# model.register_comm_hook) come closest, with torch's defaults and without the strategy's checks."
     )
 
-    def batch_size(self, batch: int, accumulation: int | None) -> Snippet:
-        python = (
-            dataloader_args({"batch_size": batch})[0]
-            + f"  # per rank\n# and tuneup.track(..., batch_size={batch}) where the loop gives it"
-        )
-        if accumulation is not None:
-            python += "\n\n" + self.accumulation(accumulation)[0]
-        return python, None
+    def batch_size_note(self, batch: int) -> str:
+        return f"\n# and tuneup.track(..., batch_size={batch}) where the loop gives it"
 
     def accumulation(self, micro_batches: int) -> Snippet:
         loop = _accumulation_loop(
