@@ -40,6 +40,12 @@ Checks (grown issue by issue):
 11. the synchronisation strategy under NCCL (issue 16), one GPU so world size 1: fp16, bf16 (NCCL only),
    PowerSGD and local SGD train through TuneupDDPStrategy with the hook on CUDA tensors; bytes cut per
    mode from the strategy's count (expected 2, 2, >= 10); a faulty PowerSGD falls back within 50 steps.
+12. sharded training (issue 27): FSDP2 (`fully_shard` per block through ModelParallelStrategy, one GPU) with
+   fp32 parameters, with a bf16 mixed-precision policy, and with activation checkpointing
+   (benchmarks/sharded_workload.py, AdamW): tuneup's memory by kind against what the kinds must be (4 bytes
+   per parameter held, 4 per gradient, 8 + a step scalar per parameter of AdamW state) and its peak
+   against `torch.cuda.max_memory_allocated` read by the script at the fit's end; checkpointing must lower
+   what the peak held beyond parameters, gradients and optimizer state.
 """
 
 from __future__ import annotations
@@ -748,6 +754,57 @@ def sync_check(out: Path) -> dict[str, Any]:
     return results
 
 
+@check("sharded")
+def sharded_check(out: Path, steps: int) -> dict[str, Any]:
+    """FSDP2 on one GPU: memory by kind (tuneup/recording/memory_kinds.py) against the tensors' expected
+    bytes and the allocator's peak, under three settings."""
+    import subprocess
+
+    from tuneup import load_run
+
+    workload = Path(__file__).resolve().parent / "sharded_workload.py"
+    width = 1024 if ACCELERATOR == "gpu" else 64
+    settings = {"fp32": [], "bf16-params": ["--bf16-params"], "checkpointing": ["--checkpointing"]}
+    results: dict[str, Any] = {}
+    for name, extra in settings.items():
+        run_out = out / f"sharded-{name}"
+        command = [sys.executable, str(workload), str(run_out), "--accelerator", ACCELERATOR,
+                   "--steps", str(steps), "--width", str(width), *extra]  # fmt: skip
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            print(proc.stderr[-2000:])
+            results[name] = {"returncode": proc.returncode}
+            continue
+        result = json.loads((run_out / "result.json").read_text())
+        run = load_run(result["run_dir"])
+        kinds = next((e for e in run.ranks[0].events if e.get("kind") == "memory_kinds"), None)
+        if kinds is None:
+            results[name] = {"error": "no memory_kinds event in the record"}
+            continue
+        n = result["parameters"]
+        # AdamW: exp_avg and exp_avg_sq per parameter (fp32), one float32 `step` per parameter tensor.
+        expected = {"parameters_bytes": 4 * n, "gradients_bytes": 4 * n, "optimizer_state_min": 8 * n}
+        row = {
+            "parameters": n,
+            "parameters_bytes": kinds["parameters_bytes"],
+            "parameters_bytes_expected": expected["parameters_bytes"],
+            "gradients_bytes": kinds["gradients_bytes"],
+            "optimizer_state_bytes": kinds["optimizer_state_bytes"],
+            "optimizer_state_expected_at_least": expected["optimizer_state_min"],
+            "tuneup_peak_bytes": kinds.get("peak_allocated_bytes"),
+            "tuneup_other_at_peak_bytes": kinds.get("other_at_peak_bytes"),
+            "allocator_peak_at_end_bytes": result["max_memory_allocated"],
+        }
+        results[name] = row
+        print(name, json.dumps(row), flush=True)
+    fp32, ckpt = results.get("fp32", {}), results.get("checkpointing", {})
+    if fp32.get("tuneup_other_at_peak_bytes") and ckpt.get("tuneup_other_at_peak_bytes"):
+        results["checkpointing_lowers_other_at_peak"] = (
+            ckpt["tuneup_other_at_peak_bytes"] < fp32["tuneup_other_at_peak_bytes"]
+        )
+    return results
+
+
 @check("environment")
 def environment() -> dict[str, Any]:
     import torch
@@ -793,6 +850,7 @@ def main(argv: list[str] | None = None) -> int:
     advice_check(out)
     tune_check(out)
     sync_check(out)
+    sharded_check(out, 10 if args.quick else 20)
     (out / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))
     print(f"\nwrote {out / 'gpu_check.json'}")
     if args.out is None:

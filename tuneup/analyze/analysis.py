@@ -16,6 +16,7 @@ from tuneup.analyze.cost import cost_section
 from tuneup.analyze.data_loading import data_loading
 from tuneup.analyze.findings import findings
 from tuneup.analyze.interruptions import interruptions_section
+from tuneup.analyze.memory_kinds import memory_section
 from tuneup.analyze.model import REPORT_SCHEMA_VERSION, Environment, RunAnalysis
 from tuneup.analyze.noise_scale import noise_scale_section
 from tuneup.analyze.operators import operators_section
@@ -114,4 +115,5 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
         operators=operators_section(run, {k: p.ms for k, p in steps.phases.items()}, steps.mean_ms),
         noise_scale=noise_scale_section(run, steady),
         sync_strategy=sync_strategy_section(run, steady),
+        memory=memory_section(run),
     )

@@ -560,6 +560,43 @@ class NoiseScale:
     notes: list[str]
 
 
+# -- memory by kind -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """One rank's memory by kind, in bytes, read once before its second optimizer step
+    (tuneup/recording/memory_kinds.py)."""
+
+    rank: int
+    step: int | None  # the step it was read in
+    parameters_bytes: int  # the parameters this rank holds: its shards, under FSDP
+    parameters_unsharded_bytes: int  # the same parameters whole: what gathering them all materializes
+    sharded_parameters: int  # how many parameters are sharded (FSDP2 DTensors)
+    gradients_bytes: int | None  # held gradients, sharded like their parameters; None: none existed
+    optimizer_state_bytes: int  # every tensor of the optimizers' state
+    peak_allocated_bytes: int | None  # GPU: the caching allocator's peak so far; None on CPU
+    other_at_peak_bytes: int | None  # GPU: the peak less the kinds above (activations, gathered
+    # parameters, communication buffers, temporaries: a peak does not tell them apart)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryByKind:
+    """The ranks' memory by kind; the headline figures are the fullest rank's (the one that limits the batch)."""
+
+    sharded: bool  # some parameters were sharded (FSDP2)
+    ranks: list[RankMemory]
+    rank: int  # the fullest rank: the most bytes held (its peak on a GPU)
+    parameters_bytes: int
+    parameters_unsharded_bytes: int
+    gradients_bytes: int | None
+    optimizer_state_bytes: int
+    held_bytes: int  # parameters + gradients + optimizer state, as held on that rank
+    peak_allocated_bytes: int | None
+    other_at_peak_bytes: int | None
+    notes: list[str]
+
+
 # -- gradient synchronisation strategy ---------------------------------------------------------------
 
 
@@ -982,6 +1019,7 @@ class RunAnalysis:
     timeline: Timeline | None = None  # None in reports written before the job timeline existed
     noise_scale: NoiseScale | None = None  # None where it was not measured (and in older reports)
     sync_strategy: SyncStrategy | None = None  # None where the run used no TuneupDDPStrategy
+    memory: MemoryByKind | None = None  # None where no rank recorded it (and in older reports)
 
 
 # -- JSON --------------------------------------------------------------------------------------------
