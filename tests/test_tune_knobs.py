@@ -67,7 +67,7 @@ def test_every_registered_knob_is_complete(entry: Knob) -> None:
         assert label and " " not in label and "/" not in label
         code = entry.code(value)
         assert isinstance(code, KnobCode)
-        assert code.dataloader or code.trainer or code.ddp or code.ddp_strategy
+        assert code.dataloader or code.trainer or code.ddp or code.ddp_strategy or code.notes
     for job in JOBS:
         for current in [None, *_samples(entry)]:
             defaults = entry.defaults(current, job)

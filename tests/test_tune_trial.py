@@ -198,3 +198,54 @@ def test_target_steps_count_as_lightning_counts_max_steps_in_a_two_optimizer_loo
     step_s = 8 / trial.samples_per_s  # one training step (a batch of 8) at the trial's throughput
     assert objective.figure(rate) * 3600 == pytest.approx(batches * step_s, rel=1e-6)
     assert "optimizer steps" in objective.describe()
+
+
+def test_reshard_after_forward_false_reaches_every_fsdp2_unit_and_drops_the_backward_gathers(
+    tmp_path: Path,
+) -> None:
+    """Two gloo ranks, FSDP2 through ModelParallelStrategy: each Linear is a unit, gathered in forward and
+    (resharded after it, by default) again in backward: 2 all-gathers per unit per step (tests/test_comm.py).
+    Kept after forward, each unit is gathered once."""
+    from collections import Counter
+
+    from tuneup import load_run
+
+    from conftest import run_workload
+
+    status = tmp_path / "status"
+    status.mkdir()
+    spec = TrialSpec(
+        trial="01-test",
+        settings={"reshard_after_forward": "false"},
+        stop=StopRule(max_steps=4, warmup_steps=1, min_steps=2, precision=1e-9),
+        status_dir=str(status),
+    )
+    out = tmp_path / "run"
+    run_workload(
+        out, "--devices", "2", "--strategy", "fsdp2", "--max-steps", "4", env={ENV_TRIAL: spec.to_env()}
+    )
+    applied = json.loads((status / "applied.json").read_text())
+    assert applied == {"applied": {"reshard_after_forward": "false"}, "not_applied": {}}
+    run = load_run(out)
+    for rank in (0, 1):
+        gathers = Counter(c.step for c in run.ranks[rank].collectives if c.kind == "all_gather")
+        assert set(gathers.values()) == {2}, gathers  # two units, each gathered once a step
+
+
+def test_reshard_after_forward_is_refused_without_fsdp2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning.pytorch as L
+
+    model_cls, data_cls = make_classes(L)
+    _, status = _fit(
+        L,
+        model_cls(hidden=32),
+        data_cls(batch_size=8),
+        tmp_path,
+        monkeypatch,
+        {"reshard_after_forward": "false"},
+        StopRule(max_steps=4, warmup_steps=1, min_steps=2),
+    )
+    applied = json.loads((status / "applied.json").read_text())
+    assert "fully_shard" in applied["not_applied"]["reshard_after_forward"]

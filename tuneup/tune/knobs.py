@@ -392,6 +392,40 @@ def apply_bucket_cap(ctx: TrialContext, value: Any) -> None:
     ctx.applied("bucket_cap_mb", int(value))
 
 
+def fsdp_modules(model: Any) -> list[Any]:
+    """The modules FSDP2's `fully_shard` wrapped in `model` (each is an `FSDPModule`); [] without FSDP2."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return []
+    modules = getattr(model, "modules", None)
+    return [m for m in modules() if isinstance(m, FSDPModule)] if callable(modules) else []
+
+
+def apply_reshard_after_forward(ctx: TrialContext, value: Any) -> None:
+    """FSDP2's runtime setter on every `fully_shard`-ed module, once the strategy has wrapped the model (the
+    user's `configure_model` ran): False keeps each unit's gathered parameters from its forward to its
+    backward (no backward all-gather, more memory), True frees them after forward. FSDP1 (Lightning's
+    FSDPStrategy) fixes its sharding strategy when it wraps: refused there."""
+    name, keep = "reshard_after_forward", str(value) == "true"
+
+    def on_the_modules() -> None:
+        modules = fsdp_modules(ctx.trainer.strategy.model)
+        if not modules:
+            ctx.refused(
+                name,
+                "no module was sharded with FSDP2's fully_shard (ModelParallelStrategy and a configure_model "
+                "calling fully_shard): FSDP1's sharding_strategy is fixed when the model is wrapped, so pass "
+                "FSDPStrategy(sharding_strategy='SHARD_GRAD_OP') yourself",
+            )
+            return
+        for module in modules:
+            module.set_reshard_after_forward(keep, recurse=False)
+        ctx.applied(name, str(value))
+
+    ctx.at_train_start(name, on_the_modules)
+
+
 def refuse_precision(ctx: TrialContext, value: Any) -> None:
     """Not applied in the process: the Trainer builds its precision plugin when it is constructed. Tuned
     through a LightningCLI override (`cli_key`)."""
@@ -450,6 +484,14 @@ def _precision_bound(level: Any, shares: StepShares) -> tuple[float, float]:
     return (0.25, 1.3) if shares.on_gpu else (0.8, 3.0)
 
 
+def _reshard_bound(level: Any, shares: StepShares) -> tuple[float, float]:
+    # Keeping the gathered parameters drops the backward's all-gathers: about half of a sharded step's
+    # collectives (one gather of the two per unit; the reduce-scatters stay), the exposed share of which
+    # it saves at most; resharding again brings them back.
+    half = 0.5 * min(shares.comm, 0.95)
+    return (1.0 - half, 1.05) if level == "false" else (0.95, 1.0 / (1.0 - half))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Code for the settings to apply.
 
@@ -473,6 +515,18 @@ def _hook_code(value: Any) -> KnobCode:
         ddp_strategy=True,
         notes=notes,
         yaml_note="# ddp_comm_hook is applied by Lightning only on CUDA devices (see the Python for CPU).",
+    )
+
+
+def _reshard_code(value: Any) -> KnobCode:
+    keep = "False" if value == "false" else "True"
+    return KnobCode(
+        notes=(
+            f"# FSDP2: in configure_model, fully_shard(module, mesh=..., reshard_after_forward={keep}) for each",
+            f"# block; or, once wrapped, for m in self.modules(): if isinstance(m, FSDPModule): "
+            f"m.set_reshard_after_forward({keep}, recurse=False)",
+        ),
+        yaml_note="# reshard_after_forward is fully_shard's argument in configure_model: no LightningCLI key",
     )
 
 
@@ -574,6 +628,20 @@ _BUILT_IN = (
         apply=apply_bucket_cap,
         argument_of="ddp",
         unmeasured=_bucket_bound,
+    ),
+    Knob(
+        name="reshard_after_forward",
+        title="FSDP2 reshard after forward",
+        value_type=str,
+        choices=("true", "false"),
+        option="--reshard-after-forward",
+        metavar="true,false",
+        help="FSDP2 (fully_shard) runs: free each unit's gathered parameters after forward (true) or keep "
+        "them for backward (false: no backward all-gather, more memory)",
+        label_format="raf-{}",
+        apply=apply_reshard_after_forward,
+        code_of=_reshard_code,
+        unmeasured=_reshard_bound,
     ),
 )
 
