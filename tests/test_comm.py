@@ -87,9 +87,15 @@ def test_a_users_hook_is_timed_without_changing_what_it_computes(tmp_path: Path)
     assert all(s.comm_bytes == GRAD_BYTES and s.comm_count == 1 for s in steps)
 
 
-def test_fsdp2_gathers_and_scatters_each_layer_shard(tmp_path: Path) -> None:
-    run_workload(tmp_path / "run", "--devices", "2", "--strategy", "fsdp2", "--max-steps", "4")
+@pytest.mark.parametrize("namespace", ["lightning", "pytorch_lightning"])
+def test_fsdp2_gathers_and_scatters_each_layer_shard(tmp_path: Path, namespace: str) -> None:
+    run_workload(
+        tmp_path / "run", "--devices", "2", "--strategy", "fsdp2", "--max-steps", "4", "--namespace", namespace
+    )
     run = load_run(tmp_path / "run")
+    trainer = run.manifest.raw["trainer"]
+    assert trainer["strategy"] == "ModelParallelStrategy"
+    assert trainer["namespace"] == ("lightning.pytorch" if namespace == "lightning" else namespace)
     world = 2
     # FSDP2 shards dim 0 of every parameter, padded to a multiple of the world size.
     layers = [[(32, 16), (32,)], [(1, 32), (1,)]]
@@ -109,4 +115,9 @@ def test_fsdp2_gathers_and_scatters_each_layer_shard(tmp_path: Path) -> None:
         assert all(s.comm_bytes == 3 * sum(padded) and s.comm_count == 6 for s in steps)
     shard_bytes = {c.bytes // c.world_size for c in run.ranks[0].collectives}
     assert shard_bytes == {b // world for b in padded}
+    # Memory by kind: each rank holds its shards (padded), the whole model is 577 float32 parameters.
+    kinds = [next(e for e in run.ranks[r].events if e["kind"] == "memory_kinds") for r in (0, 1)]
+    assert sum(k["parameters_bytes"] for k in kinds) == sum(padded)
+    assert all(k["gradients_bytes"] == k["parameters_bytes"] for k in kinds)
+    assert {(k["parameters_unsharded_bytes"], k["sharded_parameters"]) for k in kinds} == {(577 * 4, 4)}
     assert_flops_counted_once_per_rank(run)

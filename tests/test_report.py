@@ -59,6 +59,10 @@ def test_report_of_a_real_two_rank_run_in_all_formats(ddp_straggler_run: Path, t
     assert comm["backend"] == "gloo" and comm["late_rank"]["rank"] == 1
     assert {r["bytes_per_step"] for r in comm["per_rank"]} == {577 * 4}
     assert {f["id"] for f in report["findings"]} >= {"straggler", "late_rank"}
+    # DDP: every rank holds the whole model and its gradients (plain SGD keeps no state).
+    memory = report["memory"]
+    assert not memory["sharded"] and len(memory["ranks"]) == 2
+    assert (memory["parameters_bytes"], memory["gradients_bytes"]) == (577 * 4, 577 * 4)
 
     parser = SectionParser()
     parser.feed((tmp_path / "report" / "report.html").read_text())

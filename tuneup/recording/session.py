@@ -49,6 +49,7 @@ from tuneup.recording.facts import TrainingFacts
 from tuneup.recording.handoff import RunDirHandoff
 from tuneup.recording.headline import HeadlineMetrics, Metrics
 from tuneup.recording.manifest import build_manifest
+from tuneup.recording.memory_kinds import memory_by_kind
 from tuneup.recording.mirror import start_mirror
 from tuneup.recording.noise import NoiseScaleSteps, choose_method
 from tuneup.recording.policies import (
@@ -202,6 +203,9 @@ class RecordingSession:
         self._on_cuda = False
         self._device: Any = None
         self._peak_mem_bytes: int | None = None
+        # Memory by kind: read once, at this step (-1: the step after the first optimizer step seen).
+        self._memory_step: int | None = -1
+        self._optimizers_seen: dict[int, Any] = {}
         # Unix times of the fit's stages on this rank, for the job timeline (written to info.json).
         self.fit_times: dict[str, float] = {}
 
@@ -710,9 +714,33 @@ class RecordingSession:
                 clock.grad_norm = dev.total_grad_norm(self._facts.parameters())
             if self._noise is not None and self._noise.taken:
                 self._noise.before_optimizer(clock, optimizer)
+            if self._memory_step is not None:
+                self._memory_by_kind(optimizer)
             clock.own_since(entered)
         except Exception as exc:
             self.fail("before_optimizer", exc)
+
+    def _memory_by_kind(self, optimizer: Any) -> None:
+        """Once, at the second step's first optimizer: memory by kind (tuneup/recording/memory_kinds.py),
+        with every optimizer the first step stepped (a GAN's two), whose state exists by then."""
+        step = self.steps_done
+        if self._memory_step is None or self._facts.parameters is None or self._writer is None:
+            self._memory_step = None
+            return
+        if self._memory_step < 0:
+            self._memory_step = step + 1  # this is the first step: read at the next one
+        if optimizer is not None:
+            raw = getattr(optimizer, "_optimizer", optimizer)  # Lightning's LightningOptimizer wraps it
+            self._optimizers_seen.setdefault(id(raw), raw)
+        if step < self._memory_step:
+            return
+        self._memory_step = None
+        try:
+            kinds = memory_by_kind(self._facts.parameters(), self._optimizers_seen.values(), self._device)
+            self._writer.add_event("memory_kinds", step=step, **kinds)
+        except Exception as exc:  # never the training's problem: the run just has no memory by kind
+            warn_once("memory-kinds", f"cannot read memory by kind ({exc}); the report leaves it out")
+        self._optimizers_seen.clear()
 
     def idle(self, at: float | None = None) -> None:
         """The marked phase ended: what follows, up to the next mark, is no marked phase ("other"; "data"
