@@ -41,7 +41,8 @@ Checks (grown issue by issue):
    PowerSGD and local SGD train through TuneupDDPStrategy with the hook on CUDA tensors; bytes cut per
    mode from the strategy's count (expected 2, 2, >= 10); a faulty PowerSGD falls back within 50 steps.
 12. sharded training (issue 27): FSDP2 (`fully_shard` per block through ModelParallelStrategy, one GPU) with
-   fp32 parameters, with a bf16 mixed-precision policy, and with activation checkpointing
+   fp32 parameters (in both Lightning namespaces), with a bf16 mixed-precision policy, and with activation
+   checkpointing; and FSDP1 (Lightning's FSDPStrategy, GPU only) in both namespaces
    (benchmarks/sharded_workload.py, AdamW): tuneup's memory by kind against what the kinds must be (4 bytes
    per parameter held, 4 per gradient, 8 + a step scalar per parameter of AdamW state) and its peak
    against `torch.cuda.max_memory_allocated` read by the script at the fit's end; checkpointing must lower
@@ -764,9 +765,20 @@ def sharded_check(out: Path, steps: int) -> dict[str, Any]:
 
     workload = Path(__file__).resolve().parent / "sharded_workload.py"
     width = 1024 if ACCELERATOR == "gpu" else 64
-    settings = {"fp32": [], "bf16-params": ["--bf16-params"], "checkpointing": ["--checkpointing"]}
+    settings = {
+        "fp32": [],
+        "bf16-params": ["--bf16-params"],
+        "checkpointing": ["--checkpointing"],
+        "fp32-pytorch_lightning": ["--namespace", "pytorch_lightning"],
+        # FSDP1 (Lightning's FSDPStrategy) runs on CUDA devices only.
+        "fsdp1": ["--strategy", "fsdp1"],
+        "fsdp1-pytorch_lightning": ["--strategy", "fsdp1", "--namespace", "pytorch_lightning"],
+    }
     results: dict[str, Any] = {}
     for name, extra in settings.items():
+        if ACCELERATOR == "cpu" and "fsdp1" in extra:
+            print(f"{name}: skipped in a dry run (Lightning's FSDPStrategy needs CUDA)")
+            continue
         run_out = out / f"sharded-{name}"
         command = [sys.executable, str(workload), str(run_out), "--accelerator", ACCELERATOR,
                    "--steps", str(steps), "--width", str(width), *extra]  # fmt: skip

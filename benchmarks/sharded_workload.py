@@ -5,17 +5,21 @@ with.
 
     python benchmarks/sharded_workload.py OUT [--accelerator gpu|cpu] [--devices 1] [--steps 30]
                                           [--bf16-params] [--checkpointing] [--width 1024] [--depth 4]
+                                          [--strategy fsdp2|fsdp1] [--namespace lightning|pytorch_lightning]
+
+`--strategy fsdp1` is Lightning's FSDPStrategy (FSDP1, each block a unit by its auto-wrap policy), which
+Lightning runs on CUDA devices only.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -42,37 +46,43 @@ class Net(torch.nn.Module):
         return self.head(x)
 
 
-class Blocks(L.LightningModule):
-    def __init__(self, width: int, depth: int, bf16_params: bool, checkpointing: bool) -> None:
-        super().__init__()
-        self.net = Net(width, depth)
-        self.bf16_params = bf16_params
-        self.checkpointing = checkpointing
+def make_module(L: Any, width: int, depth: int, bf16_params: bool, checkpointing: bool) -> Any:
+    """The LightningModule, of the namespace `L`."""
 
-    def configure_model(self) -> None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    class Blocks(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Net(width, depth)
 
-        mesh = self.device_mesh["data_parallel"]
-        mp = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if self.bf16_params
-            else None
-        )
-        kwargs: dict[str, Any] = {"mesh": mesh} | ({"mp_policy": mp} if mp is not None else {})
-        for block in self.net.blocks:
-            if self.checkpointing:
-                from torch.distributed._composable import checkpoint
+        def configure_model(self) -> None:
+            # FSDP2 under ModelParallelStrategy (the mesh is set); FSDPStrategy wraps by its own policy.
+            if getattr(self, "device_mesh", None) is not None:
+                shard(self.net, self.device_mesh["data_parallel"], bf16_params, checkpointing)
 
-                checkpoint(block)
-            fully_shard(block, **kwargs)
-        fully_shard(self.net, **kwargs)
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            (x,) = batch
+            return self.net(x).float().pow(2).mean()
 
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        (x,) = batch
-        return self.net(x).float().pow(2).mean()
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
-    def configure_optimizers(self) -> Any:
-        return torch.optim.AdamW(self.parameters(), lr=1e-4)
+    return Blocks()
+
+
+def shard(net: Net, mesh: Any, bf16_params: bool, checkpointing: bool) -> None:
+    """FSDP2: each block a unit (checkpointed first, where asked), the net the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if bf16_params:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in net.blocks:
+        if checkpointing:
+            from torch.distributed._composable import checkpoint
+
+            checkpoint(block)
+        fully_shard(block, **kwargs)
+    fully_shard(net, **kwargs)
 
 
 def main() -> None:
@@ -86,12 +96,29 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--bf16-params", action="store_true")
     parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--strategy", choices=("fsdp2", "fsdp1"), default="fsdp2")
+    parser.add_argument("--namespace", choices=("lightning", "pytorch_lightning"), default="lightning")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    model = Blocks(args.width, args.depth, args.bf16_params, args.checkpointing)
+    L = importlib.import_module("lightning.pytorch" if args.namespace == "lightning" else "pytorch_lightning")
+    model = make_module(L, args.width, args.depth, args.bf16_params, args.checkpointing)
     data = TensorDataset(torch.randn(args.batch_size * 8, args.width))
     callback = TuneupCallback(dirpath=str(args.out / "run"), telemetry_interval_s=0.5)
-    strategy = L.strategies.ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
+    if args.strategy == "fsdp2":
+        strategy = L.strategies.ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
+    else:
+        from torch.distributed.fsdp import MixedPrecision
+
+        mixed = (
+            MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if args.bf16_params
+            else None
+        )
+        strategy = L.strategies.FSDPStrategy(
+            auto_wrap_policy={torch.nn.Sequential},
+            activation_checkpointing_policy={torch.nn.Sequential} if args.checkpointing else None,
+            mixed_precision=mixed,
+        )
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=args.devices, strategy=strategy, max_steps=args.steps,
         callbacks=[callback], logger=False, enable_checkpointing=False, enable_progress_bar=False,
