@@ -3,7 +3,9 @@
     python tests/workloads/tiny.py --out RUN_DIR [--namespace pytorch_lightning] [--devices 2] ...
 
 Options inject delays where the tests need them: in the dataloader (`--slow-data-ms`), in
-`training_step` (`--slow-step-ms`, on one rank with `--slow-rank`), and can kill the process
+`training_step` (`--slow-step-ms`, on one rank with `--slow-rank`), in every all-gather and reduce-scatter
+call on every rank (`--slow-gather-ms`, `--slow-scatter-ms`: FSDP's; from step `--slow-from-step` on, so
+that one run holds the steps without delay to compare with), and can kill the process
 (`--die-at-step`).
 """
 
@@ -45,6 +47,43 @@ class SlowCollate:
         if self.delay_s:
             time.sleep(self.delay_s)
         return torch.utils.data.default_collate(items)
+
+
+# Whether the collectives' delays apply now (slow_collectives; set per batch by slow_from_step_callback).
+_SLOW_NOW = [True]
+
+
+def slow_collectives(gather_ms: float, scatter_ms: float) -> None:
+    """Sleep before every all-gather (`gather_ms`) and reduce-scatter (`scatter_ms`) that calls through
+    `torch.distributed` (FSDP2's do), on the calling thread: time the training thread waits in the call,
+    as a slow link would make it. Installed before the fit, so tuneup's own wrappers time it."""
+    import functools
+
+    dist = torch.distributed
+    delays = {
+        "all_gather_single": gather_ms,
+        "all_gather_into_tensor": gather_ms,
+        "reduce_scatter_single": scatter_ms,
+        "reduce_scatter_tensor": scatter_ms,
+    }
+    for name, delay_ms in delays.items():
+        original = getattr(dist, name, None)
+        if original is None or not delay_ms:
+            continue
+
+        def slow(
+            *args: Any, _original: Any = original, _delay_s: float = delay_ms / 1000.0, **kwargs: Any
+        ) -> Any:
+            # Sleep, then spin the last 2 ms: a loaded host wakes a sleeper late, and the test compares
+            # the wait tuneup finds with the delay asked for.
+            deadline = time.perf_counter() + (_delay_s if _SLOW_NOW[0] else 0.0)
+            if _SLOW_NOW[0] and _delay_s > 0.002:
+                time.sleep(_delay_s - 0.002)
+            while time.perf_counter() < deadline:
+                pass
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, functools.wraps(original)(slow))
 
 
 def lightning_namespace(name: str) -> Any:
@@ -169,6 +208,16 @@ def make_trainer(
     )
 
 
+def slow_from_step_callback(step: int, L: Any) -> Any:
+    """Turns the collectives' delays on at training step `step` (off before it)."""
+
+    class _SlowFromStep(L.Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            _SLOW_NOW[0] = trainer.global_step >= step
+
+    return _SlowFromStep()
+
+
 def progress_file_callback(path: str, L: Any) -> Any:
     """Appends the number of each finished optimizer step to `path` with one unbuffered write, so that a
     test that kills the process knows how far training got, whatever tuneup managed to write."""
@@ -196,6 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--slow-step-ms", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--die-at-step", type=int, default=-1)
+    p.add_argument("--slow-gather-ms", type=float, default=0.0)
+    p.add_argument("--slow-scatter-ms", type=float, default=0.0)
+    p.add_argument("--slow-from-step", type=int, default=0)
     p.add_argument("--flush-every-steps", type=int, default=50)
     p.add_argument("--no-callback", action="store_true")
     p.add_argument("--comm-hook", default="none", choices=["none", "fp16", "powersgd", "user"])
@@ -205,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if args.slow_gather_ms or args.slow_scatter_ms:
+        slow_collectives(args.slow_gather_ms, args.slow_scatter_ms)
 
     from tuneup import TuneupCallback
 
@@ -219,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.progress_file:
         callbacks.append(progress_file_callback(args.progress_file, lightning_namespace(args.namespace)))
+    if args.slow_from_step:
+        callbacks.append(slow_from_step_callback(args.slow_from_step, lightning_namespace(args.namespace)))
     fsdp2 = args.strategy == "fsdp2"
     model = make_module(
         args.namespace,

@@ -15,6 +15,11 @@ runs, and `uninstall()` undoes both:
 A collective's start is marked when it is launched and its end when its future completes. On CUDA both
 marks are events (a `Future.then` callback may run before the kernels finish; an event recorded on the
 callback's stream completes with the collective), read with the step, later, like the step's own marks.
+
+FSDP's exposed time, on the host: FSDP waits for each gather and scatter on the training thread, so what
+the step waited for is the training thread's time blocked in them (a synchronous collective's whole call;
+an asynchronous gather's wait, timed by tuneup.collect.fsdp_waits), each given to the phase it held up
+(the step clock's, `phase_now`). On CUDA the host's wait says nothing of the device's: left unknown.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 from tuneup._log import warn_once
 from tuneup.collect.grad_noise import squared_norm, sum_squares
+from tuneup.record.schema import FSDP_WAIT_FIELDS
 
 # torch.distributed function -> collective kind, and the argument (position, name) holding the tensor
 # whose size nccl-tests counts: the gathered output of a gather, the input of a scatter.
@@ -58,6 +64,10 @@ class PendingCollective:
     # Which ranks it spanned, where a synchronisation strategy said (tuneup.sync): "node" (the ranks of one
     # node), "cross_node" (one rank per node); None: the model's whole process group.
     scope: str | None = None
+    # FSDP on the host: the step clock's phase the training thread was in when it waited for it, and the
+    # host seconds it was blocked (None: not known, e.g. an asynchronous gather whose wait was not timed).
+    phase: str | None = None
+    waited_s: float | None = None
 
 
 # Collectives issued outside any DDP hook that are still the training's gradient synchronisation (local
@@ -114,6 +124,14 @@ class CommProbe:
         self.training_thread = threading.get_ident()
         self._own_s = 0.0
         self.hook_name: str | None = None  # the DDP comm hook in use, as registered
+        # FSDP on the host (`install` decides): time the training thread's waits for each collective.
+        self.times_waits = False
+        # The phase the training thread is in now (the step clock's `phase_now`, set by the session).
+        self.phase_now: Callable[[], str] | None = None
+        # Asynchronous FSDP gathers launched and not waited for yet, by id of their Work: the FSDP seam
+        # (tuneup.collect.fsdp_waits) times their wait; None where it could not be installed.
+        self.awaiting: dict[int, PendingCollective] | None = None
+        self._remove_fsdp_seam: Callable[[], None] | None = None
 
     # -- marks ---------------------------------------------------------------------------------------
 
@@ -147,6 +165,8 @@ class CommProbe:
         """The collectives launched since the last call (the step that just closed)."""
         with self._lock:
             taken, self._current = self._current, []
+        if self.awaiting:
+            self.awaiting.clear()  # a gather never waited for in its step: that step's exposed time is unknown
         return taken
 
     def _add(self, record: PendingCollective) -> None:
@@ -239,6 +259,11 @@ class CommProbe:
             if original is not None and name not in self._saved:
                 self._saved[name] = original
                 setattr(dist, name, self._wrap_collective(name, original))
+        if self.record_all and not self.on_cuda and self._remove_fsdp_seam is None:
+            from tuneup.collect.fsdp_waits import install_fsdp_waits
+
+            self.times_waits = True
+            self._remove_fsdp_seam = install_fsdp_waits(self)
         if self._saved_register is None:
             self._saved_register = DistributedDataParallel.register_comm_hook
             probe = self
@@ -261,6 +286,10 @@ class CommProbe:
         for name, original in self._saved.items():
             setattr(dist, name, original)
         self._saved.clear()
+        if self._remove_fsdp_seam is not None:
+            self._remove_fsdp_seam()
+            self._remove_fsdp_seam = None
+        self.awaiting = None
         if self._saved_register is not None:
             DistributedDataParallel.register_comm_hook = self._saved_register  # type: ignore[method-assign]
             self._saved_register = None
@@ -294,6 +323,10 @@ class CommProbe:
             record = PendingCollective(
                 kind, nbytes, dtype, None, outside or "fsdp", probe.mark(), ranks, scope=scope
             )
+            # FSDP on the host, on the training thread: the step waits for it (module docstring).
+            waits = probe.times_waits and outside is None and threading.get_ident() == probe.training_thread
+            if waits and probe.phase_now is not None:
+                record.phase = probe.phase_now()
             work = original(*args, **kwargs)
             probe._add(record)
             if kwargs.get("async_op") and work is not None:
@@ -301,8 +334,19 @@ class CommProbe:
                     work.get_future().then(probe._finish(record))
                 except Exception as exc:  # a backend without futures: time to the launch only
                     warn_once("comm-future", f"cannot time async {name} ({exc}); its duration is left out")
+                if waits:
+                    if probe.awaiting is not None:
+                        probe.awaiting[id(work)] = record
+                    else:
+                        warn_once(
+                            "fsdp-async-wait",
+                            f"cannot time the wait for FSDP's asynchronous {name} in this torch version; "
+                            "the exposed communication of the steps that use one is unknown",
+                        )
             else:
                 record.end = probe.mark()
+                if waits:
+                    record.waited_s = record.end - record.start
             return work
 
         return collective
@@ -375,6 +419,34 @@ def timed_allreduce_hook(probe, bucket):  # type: ignore[no-untyped-def]
     return fut.then(done_with_norm)
 
 
+# What an FSDP step waited for, by the step record's field: (the collectives' kinds, the phase they held up).
+# FSDP2 reduce-scatters each unit's gradient in backward (the root's, and an HSDP all-reduce, in its final
+# callback, still inside backward).
+_FSDP_WAIT_PARTS: dict[str, tuple[tuple[str, ...], str]] = dict(
+    zip(
+        FSDP_WAIT_FIELDS,
+        (
+            (("all_gather",), "forward"),
+            (("all_gather",), "backward"),
+            (("reduce_scatter", "all_reduce"), "backward"),
+        ),
+        strict=True,
+    )
+)
+
+
+def _fsdp_waits_ms(fsdp: list[PendingCollective]) -> dict[str, float] | None:
+    """The step's exposed FSDP time (`comm_exposed_ms`: every wait) and its parts (_FSDP_WAIT_PARTS), in
+    ms; None where no collective's wait was timed or one's is unknown (then the step's is unknown too)."""
+    waits = [p.waited_s for p in fsdp]
+    if not waits or None in waits:
+        return None
+    out = {"comm_exposed_ms": sum(waits) * 1000.0}  # type: ignore[arg-type]
+    for name, (kinds, phase) in _FSDP_WAIT_PARTS.items():
+        out[name] = sum(p.waited_s for p in fsdp if p.kind in kinds and p.phase == phase) * 1000.0  # type: ignore[misc]
+    return out
+
+
 def resolve_collectives(
     pending: list[PendingCollective], elapsed_ms: Callable[[Any, Any], float], step_start: Any
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -382,6 +454,8 @@ def resolve_collectives(
 
     Exposed time is what the step still waited for after the last gradient bucket was handed over (the
     end of backward compute): the tail of the last collective to finish, counted from the last launch.
+    FSDP on the host: the training thread's waits for its collectives, with their parts per phase
+    (_FSDP_WAIT_PARTS).
     """
     done = [p for p in pending if p.end is not None]
     records = []
@@ -413,12 +487,17 @@ def resolve_collectives(
         ]
         if averaging:
             exposed = (exposed or 0.0) + sum(averaging)
+        fsdp_waits = None if hooks else _fsdp_waits_ms([p for p in pending if p.source == "fsdp"])
+        if fsdp_waits is not None:
+            exposed = (exposed or 0.0) + fsdp_waits.pop("comm_exposed_ms")
         summary = {
             "comm_ms": sum(r["duration_ms"] for r in records),
             "comm_exposed_ms": exposed,
             "comm_bytes": sum(p.bytes for p in done),
             "comm_count": len(done),
         }
+        if fsdp_waits is not None:
+            summary.update(fsdp_waits)
         if any(p.scope is not None for p in done):
             summary["comm_node_bytes"] = sum(p.bytes for p in done if p.scope == "node")
         # The noise scale's two norms, only when every bucket of the step has both (a bucket left out

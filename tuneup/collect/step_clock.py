@@ -268,6 +268,12 @@ class StepClock:
     def pending(self) -> int:
         return len(self._pending)
 
+    def phase_now(self) -> str:
+        """The phase the open interval is in (for a state the next mark decides, its likeliest one, as a
+        listener is told): the phase that a wait on the training thread right now holds up (an FSDP
+        all-gather in forward, a re-gather or reduce-scatter in backward). One dict lookup, no mark."""
+        return _STATE_PHASE.get(self._state) or PHASE_NAMES[OTHER if self.fetch_marks_seen else DATA]
+
     def own_since(self, started: float) -> None:
         """tuneup's own work ran from `started` (a host clock reading, at or after the last mark) until now:
         it is the step's `tuneup_ms`, not part of the phase it fell in. Host timer only (see the module)."""

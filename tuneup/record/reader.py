@@ -23,6 +23,7 @@ from tuneup.record.schema import (
     COLLECTIVE_KINDS,
     COLLECTIVES_FILE,
     EVENTS_FILE,
+    FSDP_WAIT_FIELDS,
     INFO_FILE,
     MANIFEST_FILE,
     OPERATORS_FILE,
@@ -452,6 +453,7 @@ _NON_NEGATIVE_STEP_FIELDS = (
     "gns_big_batch",
     "comm_node_bytes",
     "tuneup_ms",
+    *FSDP_WAIT_FIELDS,
 )
 
 
@@ -467,6 +469,7 @@ def _non_negative(record: T, names: tuple[str, ...]) -> T:
 # and not negative, is valid as it is, and needs none of the checks below.
 _NUMBER = frozenset((int, float))
 _NUMBER_OR_NULL = frozenset((int, float, type(None)))
+_NO_FSDP_WAITS = [None] * len(FSDP_WAIT_FIELDS)  # a step line without them (every run but FSDP's)
 
 
 # A step line's fields, in the order of StepRecord's (so that one is built without keywords).
@@ -498,6 +501,7 @@ _STEP_FIELDS = (
     "gns_big_batch",
     "comm_node_bytes",
     "tuneup_ms",
+    *FSDP_WAIT_FIELDS,
 )
 if tuple(f.name for f in fields(StepRecord)) != _STEP_FIELDS:
     raise ImportError("tuneup.record.reader: _STEP_FIELDS must list StepRecord's fields in their order")
@@ -534,6 +538,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         big_batch,
         node_bytes,
         own,
+        *fsdp_waits,
     ) = map(obj.get, _STEP_FIELDS)
     if not (
         type(step) is int
@@ -569,6 +574,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         and (comm_count is None or comm_count >= 0)
         and (node_bytes is None or (type(node_bytes) is int and node_bytes >= 0))
         and (own is None or own >= 0)
+        and (fsdp_waits == _NO_FSDP_WAITS or all(type(w) in _NUMBER and w >= 0 for w in fsdp_waits))
     ):
         return _checked_step(obj)
     return StepRecord(
@@ -599,6 +605,7 @@ def _step(obj: dict[str, Any]) -> StepRecord:
         None if small_sq is None else int(big_batch),
         node_bytes,
         None if own is None else float(own),
+        *(None if w is None else float(w) for w in fsdp_waits),
     )
 
 
@@ -647,6 +654,7 @@ def _checked_step(obj: dict[str, Any]) -> StepRecord:
         gns_big_batch=_opt_int(obj, "gns_big_batch"),
         comm_node_bytes=_opt_int(obj, "comm_node_bytes"),
         tuneup_ms=_opt_num(obj, "tuneup_ms"),
+        **{name: _opt_num(obj, name) for name in FSDP_WAIT_FIELDS},
     )
     return _non_negative(record, _NON_NEGATIVE_STEP_FIELDS)
 

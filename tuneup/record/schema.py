@@ -79,6 +79,14 @@ STEP_METRICS = (
     "comm_bytes",
 )
 
+# FSDP's exposed communication by what the training thread waited for (StepRecord's fields, in order): the
+# forward's all-gathers, the backward's re-gathers, the gradients' reduce-scatters (and HSDP all-reduces).
+FSDP_WAIT_FIELDS = (
+    "comm_exposed_forward_gather_ms",
+    "comm_exposed_backward_gather_ms",
+    "comm_exposed_reduce_ms",
+)
+
 # Window statistics, in the order they are written.
 WINDOW_STATS = ("n", "mean", "p50", "p95", "max")
 
@@ -138,6 +146,12 @@ class StepRecord:
     # tuneup's own time in the step, out of its phases (its hooks' bookkeeping, the gradient noise scale's
     # norms; tuneup.collect.step_clock). None: not timed apart (an older record, or a device timer).
     tuneup_ms: float | None = None
+    # FSDP on the host (tuneup.collect.comm): comm_exposed_ms's parts, what the training thread waited for
+    # the forward's all-gathers, the backward's re-gathers (after a reshard) and the gradients'
+    # reduce-scatters (with HSDP's all-reduces). Absent for DDP and where not measured (a GPU, older runs).
+    comm_exposed_forward_gather_ms: float | None = None
+    comm_exposed_backward_gather_ms: float | None = None
+    comm_exposed_reduce_ms: float | None = None
 
     # Read access by field name, as on the dict the step clock handed out before it built StepRecords: a
     # consumer written for the dict (`record["wall_ms"]`, `record.get("samples")`) keeps working. New code

@@ -384,6 +384,8 @@ class RecordingSession:
         timer = dev.make_timer(self.profiling.timing, self._device, self.owner)
         max_pending = self.recording.flush_every_steps + self.profiling.max_lag_steps
         self.clock = StepClock(timer, self._on_step_resolved, max_pending=max_pending)
+        if self.comm is not None:
+            self.comm.phase_now = self.clock.phase_now  # FSDP's waits, given to the phase they held up
         # The training loop starts when this is done (set at its end): tuneup's own start-up (the manifest,
         # the environment's capture, the sampler) is part of the setup, and said so. Until then, for a
         # record that is never closed, the loop starts here.
