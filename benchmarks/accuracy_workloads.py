@@ -46,6 +46,8 @@ class Workload:
     collate_ms: float = 0.0
     vocab: int = 1000
     local_sgd: int = 0  # already running TuneupDDPStrategy(local_sgd_period=...)
+    # "fsdp2": sharded with fully_shard (each Linear a unit) under ModelParallelStrategy; "" : DDP (or one rank)
+    sharding: str = ""
     cli: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -95,6 +97,10 @@ WORKLOADS: dict[str, Workload] = {
         "MLP (2 x 1024) trained in bf16-mixed on a CPU, batch 64, 2 threads",
         "mlp", batch=64, threads=2, width=1024, precision="bf16-mixed", steps=60,
     ),
+    "mlp-fsdp2": Workload(
+        "MLP (3 x 512) sharded with FSDP2 (fully_shard per Linear), 2 gloo ranks, batch 32: gathers each step",
+        "mlp", devices=2, batch=32, width=512, depth=3, sharding="fsdp2", steps=80,
+    ),
     "local-sgd": Workload(
         "embedding model already on TuneupDDPStrategy(local_sgd_period=4), 2 gloo ranks, batch 16",
         "embed", devices=2, batch=16, vocab=50_000, width=128, local_sgd=4, steps=150,
@@ -110,7 +116,7 @@ def _lightning(namespace: str) -> Any:
     return importlib.import_module("lightning.pytorch" if namespace == "lightning" else "pytorch_lightning")
 
 
-def build(w: Workload, *, threads: int) -> tuple[Any, Any, Any]:
+def build(w: Workload, *, threads: int, reshard_after_forward: bool = True) -> tuple[Any, Any, Any]:
     """(LightningModule class, Dataset, collate) for a workload, in its namespace."""
     import torch
     from torch import nn
@@ -225,6 +231,20 @@ def build(w: Workload, *, threads: int) -> tuple[Any, Any, Any]:
             opt_g.step()
             return g_loss
 
+        def configure_model(self) -> None:
+            # Under ModelParallelStrategy (its mesh is set): FSDP2, each Linear a unit, the net the root.
+            mesh = getattr(self, "device_mesh", None)
+            if mesh is None:
+                return
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in self.net:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(
+                        layer, mesh=mesh["data_parallel"], reshard_after_forward=reshard_after_forward
+                    )
+            fully_shard(self.net, mesh=mesh["data_parallel"], reshard_after_forward=reshard_after_forward)
+
         def configure_optimizers(self) -> Any:
             if w.model == "gan":
                 return (
@@ -236,10 +256,15 @@ def build(w: Workload, *, threads: int) -> tuple[Any, Any, Any]:
     return Module, Data(), collate
 
 
-def _strategy(w: Workload, kwargs: dict[str, Any]) -> Any:
-    """tuneup's DDP strategy of the workload's namespace with the printed arguments, or plain DDP."""
+def _strategy(w: Workload, kwargs: dict[str, Any], sharding: str) -> Any:
+    """FSDP2 (ModelParallelStrategy) for a sharded workload, else tuneup's DDP strategy of the workload's
+    namespace with the printed arguments, or plain DDP."""
     if w.devices == 1:
         return "auto"
+    if sharding == "fsdp2":
+        return _lightning(w.namespace).strategies.ModelParallelStrategy(
+            data_parallel_size=w.devices, tensor_parallel_size=1
+        )
     if w.local_sgd and "local_sgd_period" not in kwargs:
         kwargs = {"local_sgd_period": w.local_sgd, **kwargs}
     if not kwargs:
@@ -258,7 +283,9 @@ def run_plain(w: Workload, args: argparse.Namespace) -> None:
 
     L = _lightning(w.namespace)
     torch.manual_seed(0)
-    module_cls, dataset, collate = build(w, threads=args.threads)
+    module_cls, dataset, collate = build(
+        w, threads=args.threads, reshard_after_forward=args.reshard_after_forward == "true"
+    )
     loader_kw: dict[str, Any] = {
         "batch_size": args.batch, "num_workers": args.workers, "collate_fn": collate, "shuffle": True,
         "drop_last": True, "pin_memory": args.pin_memory,
@@ -269,7 +296,7 @@ def run_plain(w: Workload, args: argparse.Namespace) -> None:
             loader_kw["prefetch_factor"] = args.prefetch
     strategy_kwargs = eval(f"dict({args.strategy_args})") if args.strategy_args else {}  # the printed code
     trainer = L.Trainer(
-        accelerator="cpu", devices=w.devices, strategy=_strategy(w, strategy_kwargs), max_steps=args.steps,
+        accelerator="cpu", devices=w.devices, strategy=_strategy(w, strategy_kwargs, args.sharding), max_steps=args.steps,
         accumulate_grad_batches=args.accum, precision=args.precision, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[TuneupCallback(dirpath=str(args.run_dir))], default_root_dir=str(args.run_dir.parent),
@@ -366,8 +393,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pin-memory", action="store_true")
     p.add_argument("--precision", default=None)
     p.add_argument("--strategy-args", default="", help="TuneupDDPStrategy's arguments, as printed")
+    p.add_argument("--sharding", default=None, help="fsdp2, or ddp: the workload's own by default")
+    p.add_argument("--reshard-after-forward", choices=("true", "false"), default="true")
     args = p.parse_args(argv)
     w = WORKLOADS[args.workload]
+    if args.sharding is None:
+        args.sharding = w.sharding
     for name in ("steps", "batch", "accum", "workers", "threads", "precision"):
         if getattr(args, name) is None:
             setattr(args, name, getattr(w, name))
