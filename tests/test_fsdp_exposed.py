@@ -21,6 +21,7 @@ from tuneup.collect.comm import CommProbe, PendingCollective, resolve_collective
 from tuneup.collect.fsdp_waits import install_fsdp_waits
 from tuneup.record import RankWriter, RecordingPolicy, load_run, write_manifest
 from tuneup.record.schema import FSDP_WAIT_FIELDS, StepRecord
+from tuneup.report import analyze
 
 from conftest import run_workload
 
@@ -66,6 +67,14 @@ def test_injected_gather_and_scatter_delays_come_back_in_their_phase(tmp_path: P
     for name, expected in injected.items():
         extra = slow[name] - control[name]
         assert abs(extra - expected) <= max(0.10 * expected, 2.0), (name, extra, expected, control, slow)
+    # The analysis fills the exposed time and splits each phase into its waits and its compute.
+    comm = analyze(tmp_path / "run").communication
+    assert comm is not None and comm.exposed_ms_per_step is not None
+    forward, backward = comm.exposed_by_phase
+    assert (forward.phase, backward.phase) == ("forward", "backward") and forward.reduces_ms is None
+    for phase in (forward, backward):
+        assert phase.compute_ms is not None and phase.waited_ms is not None and phase.phase_ms is not None
+        assert phase.compute_ms + phase.waited_ms == pytest.approx(phase.phase_ms, abs=0.01)
 
 
 def test_step_fields_round_trip_and_a_ddp_line_is_unchanged(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from tuneup.analyze.model import (
     Communication,
     LateRank,
     LinkCheck,
+    PhaseWait,
     RankComm,
     SizeTime,
 )
@@ -119,6 +120,47 @@ def _setting_steps(
         return steady
     in_phase = {rank: [s for s in steps if phases.in_strategy(s.step)] for rank, steps in steady.items()}
     return in_phase if any(in_phase.values()) else steady
+
+
+def _exposed_by_phase(steps: list[StepRecord]) -> list[PhaseWait]:
+    """FSDP's waits by phase over the steps that recorded them (every rank's): the forward's all-gathers;
+    the backward's re-gathers and gradient reductions. Empty where no step did (DDP, a GPU, older runs)."""
+    timed = [s for s in steps if s.comm_exposed_forward_gather_ms is not None]
+    if not timed:
+        return []
+
+    def wait(name: str) -> float:
+        return statistics.fmean(getattr(s, name) or 0.0 for s in timed)
+
+    out = []
+    for phase, phase_ms, gathers, reduces in (
+        (
+            "forward",
+            statistics.fmean(s.forward_ms for s in timed),
+            wait("comm_exposed_forward_gather_ms"),
+            None,
+        ),
+        (
+            "backward",
+            statistics.fmean(s.backward_ms for s in timed),
+            wait("comm_exposed_backward_gather_ms"),
+            wait("comm_exposed_reduce_ms"),
+        ),
+    ):
+        waited = gathers + (reduces or 0.0)
+        out.append(
+            PhaseWait(
+                phase=phase,
+                phase_ms=finite(phase_ms),
+                waited_ms=finite(waited),
+                gathers_ms=finite(gathers),
+                reduces_ms=finite(reduces),
+                # A wait timed a little past its phase's marks (clock reads apart) is no negative compute.
+                compute_ms=finite(max(0.0, phase_ms - waited)),
+                waited_share=finite(min(1.0, waited / phase_ms) if phase_ms > 0 else None),
+            )
+        )
+    return out
 
 
 def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Communication | None:
@@ -240,4 +282,5 @@ def communication_section(run: Run, steady: dict[int, list[StepRecord]]) -> Comm
             )
             if isinstance(ddp.get(k), (int, float))
         },
+        exposed_by_phase=_exposed_by_phase([s for steps in setting.values() for s in steps]),
     )

@@ -509,6 +509,20 @@ class LateRank:
 
 
 @dataclass(frozen=True, slots=True)
+class PhaseWait:
+    """FSDP on the host: what one phase of the step waited for its collectives (the training thread blocked
+    in them), mean per step over the ranks' steady steps, and the phase's compute without those waits."""
+
+    phase: str  # "forward" or "backward" (the step clock's phases)
+    phase_ms: float | None = decimals(3)
+    waited_ms: float | None = decimals(3)  # gathers_ms + reduces_ms
+    gathers_ms: float | None = decimals(3)  # all-gathers: the forward's, the backward's re-gathers
+    reduces_ms: float | None = decimals(3)  # gradient reduce-scatters (and HSDP all-reduces); None in forward
+    compute_ms: float | None = decimals(3)  # phase_ms less waited_ms
+    waited_share: float | None = decimals(4)  # waited_ms / phase_ms
+
+
+@dataclass(frozen=True, slots=True)
 class Communication:
     backend: str | None
     world_size: int
@@ -526,6 +540,9 @@ class Communication:
     link: LinkCheck | None
     late_rank: LateRank | None
     ddp_logging: dict[str, float] | None = decimals(3)
+    # FSDP on the host: the exposed time by phase (forward, backward); empty for DDP, on a GPU, in older
+    # reports.
+    exposed_by_phase: list[PhaseWait] = field(default_factory=list)
 
 
 # -- gradient noise scale ----------------------------------------------------------------------------

@@ -38,6 +38,13 @@ TITLE = "Communication"
 NOT_MEASURED = "No collective was timed: the run had one rank, or communication profiling was off."
 
 _RANK_HEADER = ("Rank", "Collectives", "Exposed", "Bytes", "Collectives/step")
+_FSDP_EXPOSED = Paragraph(
+    "Exposed time is what the training thread waited for FSDP's collectives: the forward's all-gathers of "
+    "each unit's parameters, the backward's re-gathers (after the forward resharded them) and the gradients' "
+    "reduce-scatters. Each is counted in the phase it held up; the rest of the phase is its compute. On CPU "
+    "FSDP2 runs each collective synchronously, so the step waits for all of it; an asynchronous gather "
+    "(`unshard(async_op=True)`) counts from its wait."
+)
 
 
 def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
@@ -61,7 +68,9 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
                 ("Overlapped with backward (not free)", ms(comm.overlapped_ms_per_step)),
             ),
         ),
-        Paragraph(
+        _FSDP_EXPOSED
+        if comm.exposed_by_phase
+        else Paragraph(
             "Exposed time is what the step still waited for after its last gradient bucket was handed over, "
             "that is, after backward compute ended; the rest overlapped with backward. Overlapped is not free: "
             "collectives running beside backward slow it down (on CPU they share its cores; on GPUs NCCL's "
@@ -71,6 +80,25 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
             "Recommendations section shows it where it is known."
         ),
     ]
+    if comm.exposed_by_phase:
+        out.append(
+            table(
+                "FSDP: what each phase waited for, mean per step",
+                ("Phase", "Time", "Waited on all-gathers", "Waited on reduce-scatters", "Waited", "Compute"),
+                (
+                    (
+                        text(w.phase),
+                        ms(w.phase_ms),
+                        ms(w.gathers_ms),
+                        "" if w.reduces_ms is None else ms(w.reduces_ms),
+                        ms(w.waited_ms) + f" ({share(w.waited_share)})",
+                        ms(w.compute_ms),
+                    )
+                    for w in comm.exposed_by_phase
+                ),
+                numeric=(1, 2, 3, 4, 5),
+            )
+        )
     if comm.per_rank:
         out += _per_rank(analysis, comm.per_rank)
     if comm.late_rank is not None:
