@@ -65,7 +65,10 @@ def noise_verdict(ns: NoiseScale | None, run: RunInfo) -> NoiseVerdict:
     if ns is None:
         strategy = (run.strategy or "").lower()
         if "fsdp" in strategy or "fully_shard" in strategy or "modelparallel" in strategy:
-            why = "FSDP runs do not record it"
+            why = (
+                "sharded runs (FSDP, FSDP2) do not record it yet, since each rank holds only a shard of the gradient "
+                "and its whole norm needs a collective that tuneup does not run"
+            )
         elif run.world_size <= 1 and run.accumulate_grad_batches < 2:
             why = (
                 "it needs two batch sizes per step, which one rank without gradient accumulation does not give "

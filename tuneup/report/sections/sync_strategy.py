@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tuneup.analyze.model import RunAnalysis, SyncStrategy
+from tuneup.analyze.sharding import SHARDED_SYNC, sharding, sharding_name
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import Block, Bullets, KeyValues, Metric, Metrics, Paragraph, figures, table
 from tuneup.report.format import MISSING, count, fraction_percent, is_number, ms, number, plural, size_bytes
@@ -34,6 +35,16 @@ NOT_USED = (
     '(compression="fp16" or "powersgd", or local_sgd_period=H) sends fewer bytes, with a safeguard that falls '
     "back when training suffers."
 )
+
+
+def not_used_sharded(kind: str) -> str:
+    """What a sharded run did instead: no DDP all-reduce, and no TuneupDDPStrategy to offer (it wraps DDP)."""
+    return (
+        f"Not used: the run was sharded with {sharding_name(kind)}: {SHARDED_SYNC}. "
+        "TuneupDDPStrategy (compression, local SGD) applies to DDP only."
+    )
+
+
 # Errors spread over more than this factor below their bound are drawn on a log scale: an fp16 error of
 # 3e-4 under a bound of 0.95 would otherwise sit on the axis.
 LOG_SCALE_SPAN = 30.0
@@ -169,7 +180,8 @@ def _fallbacks(sync: SyncStrategy) -> Block:
 def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     sync = analysis.sync_strategy
     if sync is None:
-        return [Paragraph(NOT_USED, True)]
+        kind = sharding(analysis.run)
+        return [Paragraph(not_used_sharded(kind) if kind else NOT_USED, True)]
     if sync.started_at is None:
         return [Paragraph(_phase(sync)), Bullets(tuple(sync.notes))]
     headline = [Metric("Bytes per step", ratio_text(sync.bytes_ratio), "than an exact all-reduce")]
