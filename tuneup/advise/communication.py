@@ -16,6 +16,10 @@ the link's alpha-beta fit:
 Compression and local SGD are printed as tuneup's strategy rather than Lightning's
 `DDPStrategy(ddp_comm_hook=...)`: Lightning applies that hook on CUDA only, and the strategy guards
 convergence (it checks the result against exact averaging and falls back).
+
+A sharded run (FSDP, FSDP2) gets none of these: its collectives are the units' all-gathers and
+reduce-scatters, which no DDP knob changes; what they cost is said, and that the sharding knobs are not
+advised yet.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     o = ctx.observation
     if o.world_size <= 1:
         ctx.skip("DDP communication", "one rank: no gradient communication")
+        return []
+    if o.sharding is not None:
+        ctx.skip(f"{o.sharding} communication", _sharded(o))
         return []
     if o.comm_ms is None or o.exposed_ms is None:
         ctx.skip("DDP communication", "no collectives were recorded for this run (FSDP, or no DDP comm hook)")
@@ -267,6 +274,28 @@ def _local_sgd(ctx: AdviceContext, evidence: list[str]) -> Recommendation | None
             if unmeasured
             else "run it and compare with `tuneup compare`"
         ),
+    )
+
+
+def _sharded(o: Observation) -> str:
+    """What a sharded run's collectives cost, as recorded, and why no knob of theirs is advised."""
+    step = o.step_mean_ms
+    if o.comm_ms is None:
+        recorded = "no collective was timed for this sharded run (communication profiling off)"
+    else:
+        recorded = (
+            f"the all-gathers and reduce-scatters took {o.comm_ms:.1f} ms per step ({o.comm_ms / step:.1%} of "
+            f"the {step:.1f} ms mean step), inside forward and backward"
+        )
+        recorded += (
+            f", of which the step waited {o.exposed_ms:.1f} ms ({o.exposed_ms / step:.1%})"
+            if o.exposed_ms is not None
+            else "; how much of it the step waited for was not measured"
+        )
+    return (
+        f"{recorded}. The sharding knobs (reshard_after_forward, prefetching, what to wrap, HSDP, DDP instead "
+        "of sharding) are not advised yet, and DDP's (gradient compression, local SGD, bucket size, "
+        "accumulation to communicate less) do not apply: Lightning gathers and scatters at every micro-batch"
     )
 
 

@@ -142,6 +142,15 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         return []
     env = _env(ctx)
     link = comm.link
+    if o.sharding is not None:
+        # The step-time model holds a sharded run's gathers and scatters at their measured time: no link
+        # change is predicted for them.
+        ctx.skip(
+            "NCCL transport",
+            f"{link.summary if link is not None and link.summary else 'no link figure'}; a faster link is not "
+            f"predicted for {o.sharding}'s all-gathers and reduce-scatters yet",
+        )
+        return []
     out: list[Recommendation] = []
     if link is not None and link.far_below:
         out.extend(_slow_link(ctx, link, env))

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 
 from tuneup.analyze.model import CollectiveFit, RunAnalysis
+from tuneup.analyze.sharding import sharding
 
 # How far a rerun of one setting lands from another on the same quiet machine (mean step).
 RUN_TO_RUN_NOISE = 0.03
@@ -80,6 +81,10 @@ class Observation:
     # processes, and the largest share of its CPUs they took (0-1); None: no telemetry read it.
     contended: bool | None = None
     others_cpu_share: float | None = None
+    # "FSDP2" or "FSDP" where the run sharded its model (tuneup.analyze.sharding), None otherwise. Its
+    # collectives (`comm_ms`) are all-gathers and reduce-scatters inside forward and backward at every
+    # micro-batch, `exposed_ms` the wait for them (None: not measured), and it has no `bucket_bytes`.
+    sharding: str | None = None
 
     @property
     def step_noise(self) -> float:
@@ -101,7 +106,7 @@ class Observation:
     @property
     def exposed_in_backward_ms(self) -> float:
         """The wait for gradient collectives per steady step, as the phases count (a mean over all of them):
-        in backward, on the steps that synced gradients."""
+        in backward, on the steps that synced gradients (a sharded run's, in forward and backward)."""
         return (self.exposed_ms or 0.0) * self.synced_share
 
     @property
@@ -237,6 +242,7 @@ def observe(analysis: RunAnalysis) -> Observation:
         cpu_bf16=cpu_bf16 if isinstance(cpu_bf16, bool) else None,
         contended=any(c.contended for c in contention) if contention else None,
         others_cpu_share=min(1.0, max(others)) if others else None,
+        sharding=sharding(run),
     )
 
 

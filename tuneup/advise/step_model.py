@@ -377,10 +377,23 @@ class StepTimeModel:
         link = fits if fits is not None else self.fits
         # Another link's fit is taken as it is; the run's own is held to what the run measured.
         link_scale = self.sync_scale if fits is None else 1.0
-        modelled = sync_ms(link, self.bucket_bytes, p, setting.comm_bytes_factor)
-        sync_unknown = modelled is None
-        sync = (modelled or 0.0) * link_scale
         period = setting.local_sgd_period
+        # A sharded run's gathers and scatters: per micro-batch, as measured. Known only at its own world size
+        # and link, with nothing else changed about them; elsewhere they are held, with a wide error.
+        sharded = self.base.sharding is not None and p > 1
+        if sharded:
+            sync = (self.base_sync_ms or 0.0) / self.base.accumulation
+            sync_unknown = (
+                self.base_sync_ms is None
+                or p != self.base.world_size
+                or setting.comm_bytes_factor != 1.0
+                or fits is not None
+                or period is not None
+            )
+        else:
+            modelled = sync_ms(link, self.bucket_bytes, p, setting.comm_bytes_factor)
+            sync_unknown = modelled is None
+            sync = (modelled or 0.0) * link_scale
         averaging = (0.0, 0.0, 0.0)  # (point, low, high) per step
         averaging_measured = False
         if period is not None:
@@ -401,19 +414,29 @@ class StepTimeModel:
             v: Overlap, c: float, k: float, gamma: float | None, data: float, other: float, average: float
         ) -> tuple[float, dict[str, float]]:
             c *= k
-            fwd, bwd = c * (1 - self.backward_share), c * self.backward_share
-            last = fwd + overlapped_ms(bwd, sync, gamma if gamma is not None else GAMMA_MAX)
+            g = gamma if gamma is not None else GAMMA_MAX
+            if sharded:
+                # Every micro-batch gathers and scatters beside its whole forward and backward.
+                comm, first = s * sync, 0.0
+                last = s * overlapped_ms(c, sync, g)
+                exposed = last - s * c
+            else:
+                # DDP: only the last micro-batch all-reduces, its buckets beside its backward.
+                fwd, bwd = c * (1 - self.backward_share), c * self.backward_share
+                comm, first = sync, (s - 1) * c
+                last = fwd + overlapped_ms(bwd, sync, g)
+                exposed = last - fwd - bwd
             # The averaging runs alone, between steps: it slows no compute.
-            interference = self._interference(p, sync, v.interference_ms) if period is None else 0.0
-            total = data + (s - 1) * c + last + interference + self.optimizer_ms + other + average
+            interference = self._interference(p, comm, v.interference_ms) if period is None else 0.0
+            total = data + first + last + interference + self.optimizer_ms + other + average
             terms = {
                 "data": data,
                 "compute": s * c,
-                "exposed_comm": last - fwd - bwd,
+                "exposed_comm": exposed,
                 "interference": interference,
                 "optimizer": self.optimizer_ms,
                 "other": other,
-                "sync_model": sync,
+                "sync_model": comm,
             }
             if period is not None:
                 terms["averaging"] = average
@@ -442,6 +465,8 @@ class StepTimeModel:
             err = max(err, 0.10)
         if sync_unknown and p > 1:
             err = max(err, 0.25)
+            if sharded:
+                terms["sharded_comm_held"] = 1.0
         # The model's own error is a factor either way: dividing keeps the low end a time (a fit error of
         # 100% or more once made `lo·(1 − err)` negative, and samples/s with it).
         mean = _step_range(mid, lo, hi, err)
@@ -544,6 +569,12 @@ def _same_workload(observations: Sequence[Observation]) -> None:
             f"these runs are not the same workload ({shown}); fit one model per workload: pass runs of one "
             "model to tuneup advise"
         )
+    shardings = {o.sharding or "DDP" for o in observations if o.world_size > 1}
+    if len(shardings) > 1:
+        raise ModelError(
+            f"these runs differ in how they spread the model over ranks ({', '.join(sorted(shardings))}); pass "
+            "runs of one strategy: a change between DDP and sharding is not predicted from them"
+        )
     precisions = {o.precision for o in observations}
     if len(precisions) > 1:
         raise ModelError(
@@ -611,10 +642,18 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
 
     # Collectives: the link fit and buckets of the multi-rank run closest to the base, held to the time
     # its collectives took (the fit's line need not pass through this run's bucket sizes).
-    multi = [o for o in observations if o.world_size > 1 and o.bucket_bytes and (o.fits or o.comm_ms)]
+    # A sharded run's collectives (no buckets) are held to their measured time (`sharded` below).
+    multi = [
+        o
+        for o in observations
+        if o.world_size > 1 and (o.bucket_bytes or (o.sharding and o.comm_ms)) and (o.fits or o.comm_ms)
+    ]
     comm_source = base if base in multi else (multi[0] if multi else None)
     fits: tuple[CollectiveFit, ...] = ()
-    if comm_source is not None:
+    sharded = base.sharding is not None
+    if comm_source is not None and sharded:
+        fits = comm_source.fits
+    elif comm_source is not None:
         fits = comm_source.fits or (_bandwidth_through(comm_source),)
         if not comm_source.fits:
             notes.append(
@@ -623,15 +662,34 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
             )
     buckets = tuple(float(b) for b in comm_source.bucket_bytes) if comm_source else ()
     sync_scale, base_sync = 1.0, (0.0 if base.world_size == 1 else None)
-    if comm_source is not None:
+    if sharded and base.comm_ms:
+        base_sync = base.comm_ms
+        notes.append(
+            f"{base.sharding} run: its all-gathers and reduce-scatters ({base.comm_ms or 0:.1f} ms per step) run "
+            "inside forward and backward, at every micro-batch; the model holds them at their measured time per "
+            "micro-batch at any batch size (they move parameters and gradients, not activations), and does not "
+            "predict them at another world size or link, nor a change of sharding"
+        )
+    elif comm_source is not None:
         modelled = sync_ms(fits, buckets, comm_source.world_size)
         if modelled and comm_source.comm_ms:
             sync_scale = comm_source.comm_ms / modelled
         base_sync = sync_ms(fits, buckets, base.world_size)
         base_sync = base_sync * sync_scale if base_sync is not None else None
     if not multi:
+        ranks = sorted({o.world_size for o in observations if o.world_size > 1})
+        runs = f"the {'- and '.join(map(str, ranks))}-rank run" + ("s" if len(ranks) > 1 else "")
+        missing = (
+            (
+                f"{runs} timed no collective (communication profiling off)"
+                if sharded
+                else f"{runs} timed no DDP gradient bucket (communication profiling off, or no comm hook)"
+            )
+            if ranks
+            else "no multi-rank run given"
+        )
         notes.append(
-            "no multi-rank run given: the collectives of a larger world size can only come from a link measured "
+            f"{missing}: the collectives of a larger world size can only come from a link measured "
             "elsewhere (a `tuneup probe-network` run, as benchmarks/predict.py --link uses) and the gradient's "
             "size, with overlap unknown"
         )
@@ -639,13 +697,24 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     def measured_sync(o: Observation) -> float | None:
         return o.comm_ms if o.comm_ms else sync_ms(o.fits, o.bucket_bytes, o.world_size)
 
-    def solve(interference: dict[int, float]) -> float | None:
+    def solve(interference: dict[int, float], one_rank: _Line | None = None) -> float | None:
         """γ from the multi-rank runs: the last micro-batch's backward (without the exposed wait, and
-        without the interference it carried) against the collectives' time and the exposed wait."""
+        without the interference it carried) against the collectives' time and the exposed wait. A sharded
+        run's: each micro-batch's forward and backward against its gathers and scatters; where its wait
+        was not measured, what its compute took above `one_rank`'s (less interference), else none."""
         gammas = []
         for o in multi:
             sync = measured_sync(o)
             if not sync:
+                continue
+            if o.sharding:
+                per = o.accumulation
+                busy = o.compute_per_micro_batch_ms - interference.get(o.world_size, 0.0) / per
+                waited = o.exposed_ms
+                if waited is None:
+                    waited = max(0.0, busy - one_rank.at(o.batch_size)) * per if one_rank else 0.0
+                    busy -= waited / per
+                gammas.append(_solve_gamma(max(busy, 0.0), sync / per, waited / per))
                 continue
             bwd = (
                 o.backward_ms - o.exposed_in_backward_ms - interference.get(o.world_size, 0.0)
@@ -656,15 +725,18 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
     # How the collectives shared the step with backward.
     if ref_world == 1 and len(by_world) > 1:
         # Measured: a multi-rank run's compute above the one-rank line is the collectives' interference.
+        def above(o: Observation) -> float:
+            excess = max(0.0, (o.compute_per_micro_batch_ms - line.at(o.batch_size)) * o.accumulation)
+            if o.sharding and o.exposed_ms is None:
+                # A sharded run's compute holds its unmeasured wait for the gathers: up to their time, the
+                # excess is that wait; beyond it, interference.
+                excess = max(0.0, excess - (o.comm_ms or 0.0))
+            return excess
+
         interference = {
-            w: statistics.fmean(
-                max(0.0, (o.compute_per_micro_batch_ms - line.at(o.batch_size)) * o.accumulation)
-                for o in group
-            )
-            for w, group in by_world.items()
-            if w > 1
+            w: statistics.fmean(above(o) for o in group) for w, group in by_world.items() if w > 1
         }
-        variants: tuple[Overlap, ...] = (Overlap(line, solve(interference), interference, "measured"),)
+        variants: tuple[Overlap, ...] = (Overlap(line, solve(interference, line), interference, "measured"),)
         interference_known = True
     elif ref_world > 1:
         # Not measured: between two readings. "Overlapped": the collectives ran beside backward at no cost
@@ -685,7 +757,9 @@ def fit_step_model(observations: Sequence[Observation], base_index: int = 0) -> 
         variants = (serial, overlap) if cpu_bound else (overlap, serial)
         interference_known = False
         notes.append(
-            "interference (how much the collectives slowed backward) was not measured: the interval spans none "
+            "interference (how much the collectives slowed "
+            + ("forward and backward" if sharded else "backward")
+            + ") was not measured: the interval spans none "
             "of it to all "
             "of their overlapped time; the point takes "
             + ("all of it (a CPU rank without a spare core)" if cpu_bound else "none (NCCL on GPUs)")

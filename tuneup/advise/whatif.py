@@ -495,6 +495,14 @@ def what_if(
     device = _run_device(ctx, specs)
     if isinstance(device, str):
         return WhatIf(global_batch, nodes, target, [device], [], [], ranked_by)
+    if o.sharding is not None:
+        # The rows scale DDP's gradient all-reduce over each instance's GPUs: not a sharded run's collectives.
+        why = (
+            f"this run was sharded ({o.sharding}): other instances are not predicted, since the what-if scales "
+            "DDP's gradient all-reduce over each instance's GPUs and not the all-gathers and reduce-scatters of "
+            "sharded units"
+        )
+        return WhatIf(global_batch, nodes, target, [why], [], [], ranked_by)
     if catalog is None:
         catalog = load_instances(options.user_catalog)
     instances, excluded = _select(catalog, options.instances)
