@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tuneup.analyze.model import Communication, RankComm, RunAnalysis
+from tuneup.analyze.sharding import sharding
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import Block, KeyValues, Paragraph, Table, figures, table
 from tuneup.report.format import count, ms, number, plural, sentence, share, size_bytes, text, with_unit
@@ -248,6 +249,34 @@ def size_label(nbytes: float) -> str:
     return f"{fmt(nbytes / 2**20)} MiB" if nbytes >= 2**20 else f"{fmt(nbytes / 2**10)} KiB"
 
 
+# A rank's collective time whose exposed part was not measured is drawn in neither exposed nor overlapped
+# colour: grey, hatched.
+UNKNOWN_COLOR = "#B0B0B0"
+UNKNOWN_LABEL = "not known how much was waited for"
+# One rank: (rank, collective ms per step, of it exposed ms; None where not measured).
+_Rank = tuple[int, float, float | None]
+
+
+def _overlapped_label(sharded: bool) -> str:
+    return "overlapped with forward and backward" if sharded else "overlapped with backward"
+
+
+def _split_text(ranks: list[_Rank], sharded: bool) -> str:
+    """How the per-rank panel splits each rank's time, as drawn: by measured exposure, or as unknown."""
+    measured = [e is not None for _, _, e in ranks]
+    split = (
+        "split into what compute waited for (exposed) and what overlapped with forward and backward"
+        if sharded
+        else "split into what the step waited for after backward compute ended and what overlapped with it"
+    )
+    if all(measured):
+        return split
+    unknown = "drawn as unknown (hatched grey): how much of it the step waited for was not measured"
+    if not any(measured):
+        return unknown
+    return f"{split} where measured, and drawn as unknown (hatched grey) on the ranks where it was not"
+
+
 def _draw_communication(analysis: RunAnalysis) -> Drawn | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -255,11 +284,12 @@ def _draw_communication(analysis: RunAnalysis) -> Drawn | None:
     comm = analysis.communication
     if comm is None:
         return None
-    ranks: list[tuple[int, float, float]] = []
+    ranks: list[_Rank] = []
     for entry in comm.per_rank:
         total, exposed = num(entry.comm_ms), num(entry.exposed_ms)
         if total is not None:
-            ranks.append((entry.rank, total, min(total, exposed if exposed is not None else total)))
+            ranks.append((entry.rank, total, min(total, exposed) if exposed is not None else None))
+    sharded = sharding(analysis.run) is not None
     buckets = [
         (b.bucket, num(b.median_ms), num(b.bytes)) for b in comm.per_bucket if num(b.median_ms) is not None
     ]
@@ -270,9 +300,9 @@ def _draw_communication(analysis: RunAnalysis) -> Drawn | None:
     left, right = fig.subplots(1, 2, squeeze=True) if buckets else (fig.subplots(1, 1), None)
     many = len(ranks) > PER_ROW_LIMIT
     if many:
-        _ranks_as_area(left, sorted(ranks), analysis)
+        _ranks_as_area(left, sorted(ranks), sharded)
     else:
-        _ranks_as_bars(left, ranks)
+        _ranks_as_bars(left, ranks, sharded)
     if right is not None:
         xs = list(range(len(buckets)))
         right.bar(xs, [t for _, t, _ in buckets], color=PHASE_COLORS["backward"], width=0.6)
@@ -289,28 +319,38 @@ def _draw_communication(analysis: RunAnalysis) -> Drawn | None:
         if many
         else "each rank's collective time per step,"
     )
+    if sharded:
+        how = how.replace("per step", "per step (all-gathers and reduce-scatters)")
+    late = "(a rank with far less than the others arrives late and makes them wait)"
+    ranks_text = f"{how} {_split_text(ranks, sharded)} {late}"
     return Drawn(
         fig,
         title,
-        f"Left: {how} split into what the step waited for after backward "
-        "compute ended and what overlapped with it (a rank with far less than the others arrives late and "
-        "makes them wait); right: the median time of each DDP gradient bucket's collective.",
+        f"Left: {ranks_text}; right: the median time of each DDP gradient bucket's collective."
+        if right is not None
+        else f"{ranks_text[0].upper()}{ranks_text[1:]}.",
     )
 
 
-def _ranks_as_bars(ax: Any, ranks: list[tuple[int, float, float]]) -> None:
+def _ranks_as_bars(ax: Any, ranks: list[_Rank], sharded: bool) -> None:
     ys = list(range(len(ranks)))
-    exposed = [e for _, _, e in ranks]
-    overlapped = [c - e for _, c, e in ranks]
-    ax.barh(ys, exposed, height=0.6, color=PHASE_COLORS["backward"], label="waited for (exposed)")
-    ax.barh(
-        ys,
-        overlapped,
-        left=exposed,
-        height=0.6,
-        color=PHASE_COLORS["forward"],
-        label="overlapped with backward",
-    )
+    exposed = [e or 0.0 for _, _, e in ranks]
+    overlapped = [c - e if e is not None else 0.0 for _, c, e in ranks]
+    unknown = [c if e is None else 0.0 for _, c, e in ranks]
+    if any(e is not None for _, _, e in ranks):
+        ax.barh(ys, exposed, height=0.6, color=PHASE_COLORS["backward"], label="waited for (exposed)")
+        ax.barh(
+            ys,
+            overlapped,
+            left=exposed,
+            height=0.6,
+            color=PHASE_COLORS["forward"],
+            label=_overlapped_label(sharded),
+        )
+    if any(unknown):
+        ax.barh(
+            ys, unknown, height=0.6, color=UNKNOWN_COLOR, hatch="//", edgecolor="white", label=UNKNOWN_LABEL
+        )
     ax.set_yticks(ys, [f"rank {r}" for r, _, _ in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("collective time per step (ms)")
@@ -318,17 +358,40 @@ def _ranks_as_bars(ax: Any, ranks: list[tuple[int, float, float]]) -> None:
     ax.legend(loc="lower right", fontsize=8)
 
 
-def _ranks_as_area(ax: Any, ranks: list[tuple[int, float, float]], analysis: RunAnalysis) -> None:
-    """Ranks along x, stacked exposed and overlapped time as steps: a bar each would be thinner than a pixel."""
+def _ranks_as_area(ax: Any, ranks: list[_Rank], sharded: bool) -> None:
+    """Ranks along x, stacked exposed and overlapped time as steps: a bar each would be thinner than a pixel.
+    A rank whose exposed time was not measured has all its time drawn as unknown."""
     xs = [r for r, _, _ in ranks]
-    exposed = [e for _, _, e in ranks]
+    known = [e is not None for _, _, e in ranks]
+    exposed = [e if e is not None else 0.0 for _, _, e in ranks]
     total = [c for _, c, _ in ranks]
-    ax.fill_between(
-        xs, 0, exposed, step="mid", color=PHASE_COLORS["backward"], lw=0, label="waited for (exposed)"
-    )
-    ax.fill_between(
-        xs, exposed, total, step="mid", color=PHASE_COLORS["forward"], lw=0, label="overlapped with backward"
-    )
+    if any(known):
+        measured = [c if k else 0.0 for c, k in zip(total, known, strict=True)]
+        ax.fill_between(
+            xs, 0, exposed, step="mid", color=PHASE_COLORS["backward"], lw=0, label="waited for (exposed)"
+        )
+        ax.fill_between(
+            xs,
+            exposed,
+            measured,
+            step="mid",
+            color=PHASE_COLORS["forward"],
+            lw=0,
+            label=_overlapped_label(sharded),
+        )
+    if not all(known):
+        unknown = [0.0 if k else c for c, k in zip(total, known, strict=True)]
+        ax.fill_between(
+            xs,
+            0,
+            unknown,
+            step="mid",
+            color=UNKNOWN_COLOR,
+            hatch="//",
+            edgecolor="white",
+            lw=0,
+            label=UNKNOWN_LABEL,
+        )
     least = min(ranks, key=lambda r: r[1])
     peak = max(total)
     # Headroom above the ranks for the legend and the name of the rank the others wait for.
