@@ -83,7 +83,7 @@ def base_knobs(w: Workload) -> dict[str, Any]:
     return {
         "batch": w.batch, "accum": w.accum, "workers": w.workers, "threads": w.threads,
         "precision": w.precision, "prefetch": 0, "persistent_workers": False, "pin_memory": False,
-        "strategy_args": "",
+        "strategy_args": "", "sharding": w.sharding, "reshard_after_forward": "true",
     }  # fmt: skip
 
 
@@ -114,6 +114,10 @@ def apply(w: Workload, knobs: dict[str, Any], changes: dict[str, str], code: str
             new["pin_memory"] = proposed == "True"
         elif knob == "precision":
             new["precision"] = proposed
+        elif knob == "reshard_after_forward" and w.sharding == "fsdp2":
+            new["reshard_after_forward"] = str(proposed).lower()
+        elif knob == "strategy" and w.sharding and str(proposed).lower().startswith("ddp"):
+            new["sharding"] = "ddp"
         elif knob in ("compression", "local_sgd_period") and w.devices > 1:
             printed = _strategy_args(code)
             if printed is None:
@@ -135,6 +139,13 @@ def _command(name: str, w: Workload, knobs: dict[str, Any], run_dir: Path, yaml_
                 cmd.append(f"--{flag.replace('_', '-')}")
         if knobs["strategy_args"]:
             cmd += ["--strategy-args", knobs["strategy_args"]]
+        if w.sharding:
+            cmd += [
+                "--sharding",
+                knobs["sharding"] or "ddp",
+                "--reshard-after-forward",
+                knobs["reshard_after_forward"],
+            ]
         return cmd
     # LightningCLI: the script's arguments, then the recommendation's YAML exactly as printed, which wins.
     cmd += ["--threads", str(knobs["threads"]), "--"]
@@ -218,6 +229,9 @@ def alternatives(w: Workload, knobs: dict[str, Any]) -> list[tuple[str, dict[str
         alts.append(("accum-x2", {"accumulate_grad_batches": str(knobs["accum"] * 2)}))
     if knobs["precision"] != "32-true":
         alts.append(("precision-32", {"precision": "32-true"}))
+    if w.sharding == "fsdp2":  # the sharding knobs a user of FSDP2 would try
+        alts.append(("no-reshard", {"reshard_after_forward": "False"}))
+        alts.append(("ddp", {"strategy": "ddp"}))
     return alts
 
 
