@@ -373,7 +373,8 @@ def _communication_findings(comm: Communication | None) -> list[Finding]:
                 "warning",
                 f"The step waits {exposed_share:.0%} of its time for communication",
                 f"{comm.exposed_ms_per_step or 0:.1f} ms per step of the {comm.comm_ms_per_step or 0:.1f} ms of "
-                f"collectives is not overlapped with backward compute ({share:.0%} of the step is communication)"
+                f"collectives is not overlapped with {'compute' if comm.exposed_by_phase else 'backward compute'} "
+                f"({share:.0%} of the step is communication)"
                 + (
                     f"; most of it is waiting for rank {comm.late_rank.rank}, which arrives late."
                     if comm.late_rank

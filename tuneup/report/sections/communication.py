@@ -66,7 +66,12 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
                     "Waited for (exposed)",
                     ms(comm.exposed_ms_per_step) + f" ({share(comm.exposed_share_of_step)} of the step)",
                 ),
-                ("Overlapped with backward (not free)", ms(comm.overlapped_ms_per_step)),
+                (
+                    "Overlapped with forward and backward (not free)"
+                    if comm.exposed_by_phase
+                    else "Overlapped with backward (not free)",
+                    ms(comm.overlapped_ms_per_step),
+                ),
             ),
         ),
         _FSDP_EXPOSED
