@@ -130,6 +130,18 @@ def test_other_world_sizes_are_not_predicted_as_ddp(fsdp2_run: RunAnalysis) -> N
         fit_step_model([o, ddp])
 
 
+def test_no_faster_link_is_predicted_for_sharded_collectives(fsdp2_run: RunAnalysis) -> None:
+    comm = fsdp2_run.communication
+    assert comm is not None
+    over_nccl = dataclasses.replace(fsdp2_run, communication=dataclasses.replace(comm, backend="nccl"))
+    advice = advise([over_nccl], AdviceOptions(whatif=False))
+    reasons = [c.reason for c in advice.considered if c.knob == "NCCL transport"]
+    assert (
+        reasons and "a faster link is not predicted for FSDP2's all-gathers and reduce-scatters" in reasons[0]
+    )
+    assert not [r.id for r in advice.recommendations if r.id.startswith("interconnect.")]
+
+
 def test_the_sync_section_says_what_fsdp2_did(fsdp2_run: RunAnalysis) -> None:
     (said,) = sync_strategy.blocks(fsdp2_run, [])
     text = said.text  # type: ignore[attr-defined]
