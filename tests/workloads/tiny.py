@@ -5,7 +5,8 @@
 Options inject delays where the tests need them: in the dataloader (`--slow-data-ms`), in
 `training_step` (`--slow-step-ms`, on one rank with `--slow-rank`), in every all-gather and reduce-scatter
 call on every rank (`--slow-gather-ms`, `--slow-scatter-ms`: FSDP's; from step `--slow-from-step` on, so
-that one run holds the steps without delay to compare with), and can kill the process
+that one run holds the steps without delay to compare with), can make those collectives free on odd steps
+(`--free-collectives-odd-steps`: a counterfactual, training's values go wrong), and can kill the process
 (`--die-at-step`).
 """
 
@@ -49,41 +50,60 @@ class SlowCollate:
         return torch.utils.data.default_collate(items)
 
 
-# Whether the collectives' delays apply now (slow_collectives; set per batch by slow_from_step_callback).
-_SLOW_NOW = [True]
+# What the patched collectives do now (patch_collectives; set per batch by collectives_callback): "slow",
+# the delays apply; "free", no communication at all.
+_COLLECTIVES_NOW = {"slow": True, "free": False}
+_GATHERS = ("all_gather_single", "all_gather_into_tensor")
+_SCATTERS = ("reduce_scatter_single", "reduce_scatter_tensor")
 
 
-def slow_collectives(gather_ms: float, scatter_ms: float) -> None:
-    """Sleep before every all-gather (`gather_ms`) and reduce-scatter (`scatter_ms`) that calls through
-    `torch.distributed` (FSDP2's do), on the calling thread: time the training thread waits in the call,
-    as a slow link would make it. Installed before the fit, so tuneup's own wrappers time it."""
+def _local_result(gather: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The output's shape filled from this rank's input alone: a collective made free (values wrong)."""
+    output = args[0] if args else kwargs.get("output", kwargs.get("output_tensor"))
+    source = args[1] if len(args) > 1 else kwargs.get("input", kwargs.get("input_tensor"))
+    if gather:
+        copies = output.numel() // max(1, source.numel())
+        output.view(copies, -1).copy_(source.reshape(1, -1).expand(copies, -1))
+    else:
+        output.view(-1).copy_(source.reshape(-1)[: output.numel()])
+
+
+def patch_collectives(gather_ms: float, scatter_ms: float, free: bool) -> None:
+    """Every all-gather and reduce-scatter that calls through `torch.distributed` (FSDP2's do), on the
+    calling thread: delayed by `gather_ms` / `scatter_ms` (time the training thread waits in the call, as
+    a slow link would make it), or, where `free` and `_COLLECTIVES_NOW["free"]`, not communicated at all
+    (the counterfactual of free communication: training need not stay correct). Installed before the fit,
+    so tuneup's own wrappers time it."""
     import functools
 
     dist = torch.distributed
-    delays = {
-        "all_gather_single": gather_ms,
-        "all_gather_into_tensor": gather_ms,
-        "reduce_scatter_single": scatter_ms,
-        "reduce_scatter_tensor": scatter_ms,
-    }
-    for name, delay_ms in delays.items():
+    for name in (*_GATHERS, *_SCATTERS):
         original = getattr(dist, name, None)
-        if original is None or not delay_ms:
+        delay_ms = gather_ms if name in _GATHERS else scatter_ms
+        if original is None or not (delay_ms or free):
             continue
 
-        def slow(
-            *args: Any, _original: Any = original, _delay_s: float = delay_ms / 1000.0, **kwargs: Any
+        def patched(
+            *args: Any,
+            _original: Any = original,
+            _delay_s: float = delay_ms / 1000.0,
+            _gather: bool = name in _GATHERS,
+            **kwargs: Any,
         ) -> Any:
+            if _COLLECTIVES_NOW["free"] and not kwargs.get("async_op"):
+                _local_result(_gather, args, kwargs)
+                return None
             # Sleep, then spin the last 2 ms: a loaded host wakes a sleeper late, and the test compares
             # the wait tuneup finds with the delay asked for.
-            deadline = time.perf_counter() + (_delay_s if _SLOW_NOW[0] else 0.0)
-            if _SLOW_NOW[0] and _delay_s > 0.002:
-                time.sleep(_delay_s - 0.002)
+            delay_s = _delay_s if _COLLECTIVES_NOW["slow"] else 0.0
+            deadline = time.perf_counter() + delay_s
+            if delay_s > 0.002:
+                time.sleep(delay_s - 0.002)
             while time.perf_counter() < deadline:
                 pass
             return _original(*args, **kwargs)
 
-        setattr(dist, name, functools.wraps(original)(slow))
+        setattr(dist, name, functools.wraps(original)(patched))
 
 
 def lightning_namespace(name: str) -> Any:
@@ -208,14 +228,17 @@ def make_trainer(
     )
 
 
-def slow_from_step_callback(step: int, L: Any) -> Any:
-    """Turns the collectives' delays on at training step `step` (off before it)."""
+def collectives_callback(slow_from_step: int, free_odd_steps: bool, L: Any) -> Any:
+    """Sets what the patched collectives do at each batch: delayed from training step `slow_from_step` on;
+    free on odd steps where `free_odd_steps` (steps with and without communication interleaved, so the
+    host's drift hits both alike)."""
 
-    class _SlowFromStep(L.Callback):
+    class _Collectives(L.Callback):
         def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
-            _SLOW_NOW[0] = trainer.global_step >= step
+            _COLLECTIVES_NOW["slow"] = trainer.global_step >= slow_from_step
+            _COLLECTIVES_NOW["free"] = free_odd_steps and trainer.global_step % 2 == 1
 
-    return _SlowFromStep()
+    return _Collectives()
 
 
 def progress_file_callback(path: str, L: Any) -> Any:
@@ -248,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--slow-gather-ms", type=float, default=0.0)
     p.add_argument("--slow-scatter-ms", type=float, default=0.0)
     p.add_argument("--slow-from-step", type=int, default=0)
+    p.add_argument("--free-collectives-odd-steps", action="store_true")
     p.add_argument("--flush-every-steps", type=int, default=50)
     p.add_argument("--no-callback", action="store_true")
     p.add_argument("--comm-hook", default="none", choices=["none", "fp16", "powersgd", "user"])
@@ -257,8 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    if args.slow_gather_ms or args.slow_scatter_ms:
-        slow_collectives(args.slow_gather_ms, args.slow_scatter_ms)
+    if args.slow_gather_ms or args.slow_scatter_ms or args.free_collectives_odd_steps:
+        patch_collectives(args.slow_gather_ms, args.slow_scatter_ms, args.free_collectives_odd_steps)
 
     from tuneup import TuneupCallback
 
@@ -273,8 +297,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.progress_file:
         callbacks.append(progress_file_callback(args.progress_file, lightning_namespace(args.namespace)))
-    if args.slow_from_step:
-        callbacks.append(slow_from_step_callback(args.slow_from_step, lightning_namespace(args.namespace)))
+    if args.slow_from_step or args.free_collectives_odd_steps:
+        callbacks.append(
+            collectives_callback(
+                args.slow_from_step, args.free_collectives_odd_steps, lightning_namespace(args.namespace)
+            )
+        )
     fsdp2 = args.strategy == "fsdp2"
     model = make_module(
         args.namespace,
