@@ -3,6 +3,8 @@ advice names the all-gathers and reduce-scatters it recorded, its model gives ba
 to with the collectives where they ran (inside forward and backward), and the report's synchronisation
 section and communication figure describe FSDP2, not DDP.
 
+The sharding knob it predicts (reshard_after_forward) follows the run's per-phase waits.
+
 One 2-rank FSDP2 run on CPU (gloo) serves every test. Each test looks at it twice where it matters: with
 its collectives' exposed time unknown (as FSDP runs were recorded before it was measured) and measured.
 """
@@ -164,3 +166,53 @@ def test_the_communication_figure_draws_what_is_known(fsdp2_run: RunAnalysis, me
     else:
         assert labels == {comm_section.UNKNOWN_LABEL}
         assert "drawn as unknown" in caption and "waited for after backward" not in caption
+
+
+def _with_waits(analysis: RunAnalysis, regather_ms: float, forward_compute_ms: float) -> RunAnalysis:
+    """The run with its per-phase waits set: the forward waited 1 ms for its gathers beside
+    `forward_compute_ms`; the backward `regather_ms` for its re-gathers and 1 ms for its reduce-scatters."""
+    from tuneup.analyze.model import PhaseWait
+
+    comm = analysis.communication
+    assert comm is not None
+    waits = [
+        PhaseWait("forward", 1.0 + forward_compute_ms, 1.0, 1.0, None, forward_compute_ms, None),
+        PhaseWait("backward", regather_ms + 3.0, regather_ms + 1.0, regather_ms, 1.0, 2.0, None),
+    ]
+    return dataclasses.replace(analysis, communication=dataclasses.replace(comm, exposed_by_phase=waits))
+
+
+def test_reshard_after_forward_saves_the_regathers_wait_and_at_most_a_copy_out_pass(
+    fsdp2_run: RunAnalysis,
+) -> None:
+    step = fsdp2_run.step_time.mean_ms
+    assert step is not None
+    regather, forward = 0.3 * step, 0.1 * step
+    advice = advise([_with_waits(fsdp2_run, regather, forward)], AdviceOptions(whatif=False))
+    (rec,) = [r for r in advice.recommendations if r.id == "sharding.reshard_after_forward"]
+    assert [(c.knob, c.current, c.proposed) for c in rec.changes] == [
+        ("reshard_after_forward", "True", "False")
+    ]
+    # Saved: the wait and half the forward's own time (point); half the wait to the wait and all of it (ends).
+    assert f"predicted saving {0.5 * regather:.1f} to {regather + forward:.1f} ms per step" in " ".join(
+        rec.evidence
+    )
+    low, point, high = rec.gain.low, rec.gain.value, rec.gain.high
+    assert 0 < low <= point <= high
+    assert point == pytest.approx(step / (step - regather - 0.5 * forward) - 1, rel=0.1)
+    assert "reshard_after_forward=False" in rec.code and any("MiB more per rank" in c for c in rec.caveats)
+
+
+def test_reshard_after_forward_says_why_not_where_nothing_is_regathered_or_nothing_was_timed(
+    fsdp2_run: RunAnalysis,
+) -> None:
+    none_regathered = advise([_with_waits(fsdp2_run, 0.0, 1.0)], AdviceOptions(whatif=False))
+    reason = {c.knob: c.reason for c in none_regathered.considered}["reshard_after_forward"]
+    assert "no re-gather" in reason
+    comm = fsdp2_run.communication
+    assert comm is not None
+    untimed = dataclasses.replace(fsdp2_run, communication=dataclasses.replace(comm, exposed_by_phase=[]))
+    reason = {c.knob: c.reason for c in advise([untimed], AdviceOptions(whatif=False)).considered}
+    assert "did not record what its phases waited" in reason["reshard_after_forward"]
+    # DDP instead of sharding: not predicted, said with the memory it would need.
+    assert "not predicted" in reason["DDP instead of FSDP2"] and "MiB" in reason["DDP instead of FSDP2"]

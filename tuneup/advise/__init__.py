@@ -55,12 +55,22 @@ def _objective(analyses: Sequence[RunAnalysis]) -> tuple[str, NoiseVerdict | Non
 
 
 def _rules() -> list[Callable[..., list[Recommendation]]]:
-    from tuneup.advise import batch, checkpoint, communication, data_loading, interconnect, precision, ranks
+    from tuneup.advise import (
+        batch,
+        checkpoint,
+        communication,
+        data_loading,
+        interconnect,
+        precision,
+        ranks,
+        sharded,
+    )
 
     return [
         batch.recommend,
         data_loading.recommend,
         communication.recommend,
+        sharded.recommend,
         precision.recommend,
         interconnect.recommend,
         ranks.recommend,

@@ -293,8 +293,9 @@ def _sharded(o: Observation) -> str:
             else "; how much of it the step waited for was not measured"
         )
     return (
-        f"{recorded}. The sharding knobs (reshard_after_forward, prefetching, what to wrap, HSDP, DDP instead "
-        "of sharding) are not advised yet, and DDP's (gradient compression, local SGD, bucket size, "
+        f"{recorded}. Of the sharding knobs, reshard_after_forward is predicted (FSDP2, where the waits per "
+        "phase were recorded) and DDP instead of sharding said as a change to measure; prefetching, what to "
+        "wrap and HSDP are not advised yet. DDP's knobs (gradient compression, local SGD, bucket size, "
         "accumulation to communicate less) do not apply: Lightning gathers and scatters at every micro-batch"
     )
 
