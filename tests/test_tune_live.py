@@ -215,3 +215,45 @@ def test_a_script_whose_callback_sets_dirpath_runs_all_its_trials(tmp_path: Path
     assert [t["status"] for t in trials] == ["ok", "ok"], [t["reason"] for t in trials]
     assert all((out / t["run_dir"] / "manifest.json").is_file() for t in trials)
     assert not (tmp_path / "runs").exists()  # the script's dirpath was not where the trials went
+
+
+@pytest.mark.slow
+def test_an_fsdp2_lightningcli_script_is_tuned_over_resharding_and_batch_and_confirmed(
+    tmp_path: Path,
+) -> None:
+    """2 gloo ranks, ModelParallelStrategy (FSDP2, tune_models' configure_model) chosen on the command line:
+    the tuner tries reshard_after_forward through the callback (no LightningCLI key exists for it) and the
+    batch size through the datamodule, tries no DDP comm hook on a sharded run, and confirms its best."""
+    out = tmp_path / "tune"
+    command = [
+        "--", sys.executable, str(CLI), "lightning", "fit", "--trainer.devices=2",
+        "--trainer.strategy.class_path=lightning.pytorch.strategies.ModelParallelStrategy",
+        "--data.batch_size=8", "--model.hidden=128",
+    ]  # fmt: skip
+    knobs = [
+        "--batch-size",
+        "8,16",
+        "--reshard-after-forward",
+        "true,false",
+        "--workers",
+        "0",
+        "--accumulate",
+        "1",
+    ]
+    proc = tune(out, *QUICK, *knobs, "--max-trials", "3", "--confirm-runs", "1", *command)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = state(out)
+    assert s["space"]["comm_hook"] == [], s["space"]  # a sharded run has no DDP hook to try
+    searched = [t for t in s["trials"] if t["role"] == "search"]
+    assert searched and all(t["status"] == "ok" for t in searched), [t["reason"] for t in searched]
+    for trial in searched:
+        manifest = json.loads((out / trial["run_dir"] / "manifest.json").read_text())
+        # Applied at train start, once the strategy has sharded the model: the trial's applied.json says so.
+        applied = json.loads((out / "trials" / trial["name"] / "applied.json").read_text())
+        # Only what differs from the script's own (FSDP2's default, true) is applied.
+        if trial["config"].get("reshard_after_forward") == "false":
+            assert applied["applied"]["reshard_after_forward"] == "false", applied
+        assert manifest["dataloader"]["batch_size"] == trial["config"]["batch_size"]
+    assert "false" in {t["config"].get("reshard_after_forward") for t in searched}
+    confirmed = [t for t in s["trials"] if t["role"] == "confirm"]
+    assert confirmed and s["result"]["verdict"] in {"IMPROVEMENT", "NO CHANGE", "INCONCLUSIVE", "REGRESSION"}

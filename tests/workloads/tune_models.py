@@ -5,6 +5,7 @@
 - `item_cost_us` busy-waits in `__getitem__`: loading is CPU work that worker processes take off the
   training loop, as decoding images is.
 - `hidden` sets the gradient's size: under DDP the all-reduce grows with it.
+- Under ModelParallelStrategy, `configure_model` shards the MLP with FSDP2 (`fully_shard` per Linear).
 
 `make_gan` is a two-optimizer loop (manual optimization, as Lightning's GAN example): Lightning's
 global_step, which max_steps counts, moves by two per batch.
@@ -86,6 +87,18 @@ def make_classes(L: Any) -> tuple[type, type]:
         def validation_step(self, batch: Any, batch_idx: int) -> Any:
             x, y = batch
             self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+        def configure_model(self) -> None:
+            # Under ModelParallelStrategy (the mesh is set): FSDP2, each Linear a unit, the net the root.
+            mesh = getattr(self, "device_mesh", None)
+            if mesh is None:
+                return
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in self.net:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh["data_parallel"])
+            fully_shard(self.net, mesh=mesh["data_parallel"])
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)

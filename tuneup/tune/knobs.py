@@ -455,8 +455,9 @@ def _workers_defaults(current: Any, job: SpaceContext) -> tuple[Any, ...]:
 
 
 def _hook_defaults(current: Any, job: SpaceContext) -> tuple[Any, ...]:
-    """The fp16 hook (and bf16 on GPUs, where NCCL carries it) where ranks communicate."""
-    if job.world_size <= 1:
+    """The fp16 hook (and bf16 on GPUs, where NCCL carries it) where ranks communicate through DDP (a sharded
+    run's baseline has no hook: `from_run` says None)."""
+    if job.world_size <= 1 or current is None:
         return ()
     return ("allreduce", "fp16", "bf16") if job.on_gpu else ("allreduce", "fp16")
 
@@ -596,8 +597,9 @@ _BUILT_IN = (
         apply=apply_comm_hook,
         code_of=_hook_code,
         defaults=_hook_defaults,
-        # The record says DDP ran, not which hook: the script's own is taken as DDP's default.
-        from_run=lambda o: "allreduce" if o.world_size > 1 else None,
+        # The record says DDP ran, not which hook: the script's own is taken as DDP's default. A sharded run
+        # (FSDP) has no DDP hook.
+        from_run=lambda o: "allreduce" if o.world_size > 1 and o.sharding is None else None,
         unmeasured=_hook_bound,
     ),
     Knob(
@@ -641,6 +643,10 @@ _BUILT_IN = (
         label_format="raf-{}",
         apply=apply_reshard_after_forward,
         code_of=_reshard_code,
+        # FSDP2's default for every unit but the root is True, taken as the script's (the record cannot say what
+        # the script passed to fully_shard); tried both ways on an FSDP2 run.
+        defaults=lambda current, job: ("true", "false") if current is not None else (),
+        from_run=lambda o: "true" if o.sharding == "FSDP2" else None,
         unmeasured=_reshard_bound,
     ),
 )
