@@ -13,7 +13,9 @@ whose |G|² estimate is near zero. The headline uses plain means over the steady
 corrected exponential moving averages, so that it follows B_simple as training moves on.
 
 With several ranks, each rank's local squared norm is one small-batch sample: their mean per step is the
-small-batch figure (the big one is the same on every rank).
+small-batch figure. The big one is the same on every rank under DDP; under FSDP2 each rank records its
+shards' part of it, and their sum over the ranks of the step is the figure (a step some rank did not
+record is left out).
 
 Only some steps carry the norms (the callback's `noise_scale_every` samples them; past `detail_steps` the
 record keeps one step in `sample_every`): everything here uses the steps with both norms and nothing else.
@@ -34,7 +36,10 @@ from tuneup.record.schema import Run, StepRecord
 METHODS = {
     "ddp": "DDP bucket norms before/after all-reduce",
     "accumulation": "first micro-batch vs accumulated gradient",
+    "fsdp2": "FSDP2 local gradient before the reduce-scatter vs the averaged gradient's shards summed over ranks",
 }
+# Methods whose big-batch norm is recorded in parts, one per rank, summed over the ranks of a step.
+_SHARDED_METHODS = frozenset({"fsdp2"})
 # The plot's EMAs: a time constant of a tenth of the measured steps, within these bounds (in measured steps).
 EMA_MIN_STEPS = 10.0
 EMA_MAX_STEPS = 200.0
@@ -64,10 +69,10 @@ class NoiseVerdict:
 def noise_verdict(ns: NoiseScale | None, run: RunInfo) -> NoiseVerdict:
     if ns is None:
         strategy = (run.strategy or "").lower()
-        if "fsdp" in strategy or "fully_shard" in strategy or "modelparallel" in strategy:
+        if "fsdp" in strategy and "fully_shard" not in strategy and "modelparallel" not in strategy:
             why = (
-                "sharded runs (FSDP, FSDP2) do not record it yet, since each rank holds only a shard of the gradient "
-                "and its whole norm needs a collective that tuneup does not run"
+                "FSDP1 runs (Lightning's FSDPStrategy) do not record it, since each rank holds only a flat shard "
+                "of the gradient; FSDP2 (ModelParallelStrategy with fully_shard) does"
             )
         elif run.world_size <= 1 and run.accumulate_grad_batches < 2:
             why = (
@@ -150,10 +155,12 @@ def _has_norms(s: StepRecord) -> bool:
 
 
 def _per_step(
-    steps_by_rank: dict[int, Sequence[StepRecord]],
+    steps_by_rank: dict[int, Sequence[StepRecord]], shards: int | None = None
 ) -> tuple[tuple[int, int] | None, list[tuple[int, float, float]]]:
     """((small, big) batch, [(step, |G|² estimate, tr(Σ) estimate)] in step order). Steps whose batch sizes
-    are not the run's usual ones (a short last batch) or differ between ranks are left out."""
+    are not the run's usual ones (a short last batch) or differ between ranks are left out. `shards`: the
+    big-batch norm is recorded in that many parts, one per rank, summed (FSDP2); a step without all of
+    them is left out."""
     by_step: dict[int, list[StepRecord]] = {}
     for steps in steps_by_rank.values():
         for s in steps:
@@ -168,8 +175,10 @@ def _per_step(
         recs = by_step[step]
         if any((s.gns_small_batch, s.gns_big_batch) != (small_batch, big_batch) for s in recs):
             continue
+        if shards is not None and len(recs) != shards:
+            continue
         small_sq = sum(s.gns_small_sq for s in recs) / len(recs)  # type: ignore[misc]
-        big_sq = sum(s.gns_big_sq for s in recs) / len(recs)  # type: ignore[misc]
+        big_sq = sum(s.gns_big_sq for s in recs) / (1 if shards is not None else len(recs))  # type: ignore[misc]
         out.append((step, *per_step_estimates(small_sq, big_sq, small_batch, big_batch)))  # type: ignore[arg-type]
     return (small_batch, big_batch), out  # type: ignore[return-value]
 
@@ -244,12 +253,13 @@ def _method_event(run: Run) -> tuple[str | None, str | None]:
 
 def noise_scale_section(run: Run, steady: dict[int, list[StepRecord]]) -> NoiseScale | None:
     """The run's noise scale, or None where no step recorded the two norms (or no step is steady)."""
-    sizes, headline = _per_step(steady)
+    method, comm_hook = _method_event(run)
+    shards = run.world_size if method in _SHARDED_METHODS else None
+    sizes, headline = _per_step(steady, shards)
     if sizes is None or not headline:
         return None
     small_batch, big_batch = sizes
-    _, every = _per_step({r: rec.steps for r, rec in run.ranks.items()})
-    method, comm_hook = _method_event(run)
+    _, every = _per_step({r: rec.steps for r, rec in run.ranks.items()}, shards)
     if method is None:
         method = "ddp" if run.world_size > 1 else "accumulation"
     grad_sq = [g for _, g, _ in headline]

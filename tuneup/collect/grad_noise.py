@@ -2,11 +2,14 @@
 appendix A.1): the squared norm of a gradient over a small batch and of one over a big batch, in the units
 of the loss (the mixed-precision loss scale divided out).
 
-Two ways to get them without communicating anything or copying a gradient:
+Three ways to get them without communicating anything or copying a gradient:
 
 - DDP: each bucket's local gradient (this rank's samples) before the all-reduce, and the averaged one
   after it (tuneup.collect.comm sums the buckets' squared norms per step); small batch = this rank's
   samples in the step, big batch = that times the world size.
+- FSDP2 (`fully_shard`): the unsharded local gradient FSDP hands to its reduce-scatter, and this rank's
+  shard of the averaged one after it, whose squared norms the analysis sums over the ranks
+  (tuneup.collect.fsdp_noise); the batch sizes as for DDP.
 - One process with gradient accumulation: the gradient after the first micro-batch's backward, and the
   accumulated one before the optimizer step. Lightning divides each micro-batch's loss by the
   accumulation count k, so the first micro-batch's gradient is 1/k of its own mean gradient: its squared
@@ -31,6 +34,7 @@ from tuneup.collect._tensor import to_float
 
 DDP_METHOD = "ddp"
 ACCUMULATION_METHOD = "accumulation"
+FSDP2_METHOD = "fsdp2"  # its big-batch norm is each rank's shards' part: summed over the ranks
 
 # The share of the step's time the norms may take when the sampling is automatic (issue 14 asks for at
 # most 1% of a 10 ms step; half of it leaves room for the rest of the noise scale's work).
@@ -149,7 +153,8 @@ def grads_squared_norm(parameters: Any) -> Any:
 class PendingNoise:
     """One step's inputs to the noise scale, still as device tensors where they came from the device.
 
-    `small_sq` and `big_sq` are None for DDP, whose norms come with the step's collectives. `loss_scale`
+    `small_sq` and `big_sq` are None for DDP, whose norms come with the step's collectives; for FSDP2,
+    `big_sq` is this rank's shards' part of the big-batch norm. `loss_scale`
     is the GradScaler's scale during the step's backward (a tensor copy: the scaler updates its own in
     place), or None without one; `small_scaled` / `big_scaled` say whether that norm was taken before the
     gradients were unscaled. `small_factor` multiplies the small norm (k² for the first micro-batch).

@@ -1,9 +1,12 @@
 """The gradient noise scale in a recorded fit: whether and how it is measured (tuneup.collect.grad_noise's
 methods), which steps take the two norms, and the step's inputs handed to the step clock.
 
-Two methods, no extra communication, no copy of the gradients:
+Three methods, no extra communication, no copy of the gradients:
 - DDP (more than one rank, with the comm probe's hook): each bucket's squared norm before and after its
   all-reduce, taken in the hook on the steps that take the norms;
+- FSDP2 (more than one rank, parameters sharded by `fully_shard`): the local gradient's norm as FSDP hands
+  it to its reduce-scatter (tuneup.collect.fsdp_noise's seam, installed while the fit runs), and this
+  rank's shards' part of the averaged gradient's norm before the optimizer step;
 - accumulation (one process, gradient accumulation of 2 or more, where the trainer scales each micro-batch's
   loss by 1/k as Lightning's automatic optimization does): the gradient's norm after the first micro-batch
   and before the optimizer step.
@@ -15,9 +18,18 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tuneup.collect import grad_noise  # read at call time: a test may slow it down (test_training_loops)
+from tuneup.collect import (
+    fsdp_noise,
+    grad_noise,  # read at call time: a test may slow it down (test_training_loops)
+)
 from tuneup.collect.comm import CommProbe
-from tuneup.collect.grad_noise import ACCUMULATION_METHOD, DDP_METHOD, NoiseSampling, PendingNoise
+from tuneup.collect.grad_noise import (
+    ACCUMULATION_METHOD,
+    DDP_METHOD,
+    FSDP2_METHOD,
+    NoiseSampling,
+    PendingNoise,
+)
 from tuneup.collect.step_clock import StepClock
 from tuneup.record.writer import RecordingPolicy
 
@@ -30,16 +42,25 @@ def choose_method(
     world_size: int,
     comm: CommProbe | None,
     accumulation: int | None,
+    parameters: Callable[[], Iterable[Any]] | None = None,
 ) -> tuple[str | None, str | None]:
     """(the method, None), or (None, why it is not measured). `accumulation` None: the trainer does not
-    say how it scales each micro-batch's loss, so one process cannot use the accumulation method."""
+    say how it scales each micro-batch's loss, so one process cannot use the accumulation method.
+    `parameters`: the model's, to tell FSDP2 (DTensor parameters) from FSDP1 in a sharded run."""
     if not automatic_optimization:
         return None, "manual optimization (tuneup cannot tell which backward makes the step's gradient)"
     if world_size > 1:
         if comm is None:
             return None, "profile_communication=False (the norms are taken in the DDP comm hook)"
         if comm.record_all:
-            return None, "a sharded strategy (FSDP): its gradients are reduce-scattered, not all-reduced"
+            if parameters is None or not fsdp_noise.is_fsdp2(parameters()):
+                return None, (
+                    "FSDP1 (Lightning's FSDPStrategy): its flat gradient shards are not measured; FSDP2 "
+                    "(ModelParallelStrategy with fully_shard) is"
+                )
+            if not fsdp_noise.available():
+                return None, "this torch's FSDP2 has no foreach_reduce to take the local gradient's norm from"
+            return FSDP2_METHOD, None
         if not comm.hook_registered:
             return None, "no DDP comm hook could be registered"
         return DDP_METHOD, None
@@ -83,6 +104,12 @@ class NoiseScaleSteps:
         self._step_start: float | None = None  # perf_counter at the current step's first micro-batch
         self._steps_seen = 0  # steps closed in this fit: the writer's steps_seen, for its policy
         self._first: tuple[Any, int] | None = None  # the first micro-batch's ‖g‖² and samples
+        # FSDP2: the local gradient's norms, taken where FSDP hands it to its reduce-scatter (until close).
+        self._local: fsdp_noise.LocalGradNorms | None = None
+        if method == FSDP2_METHOD:
+            self._local = fsdp_noise.LocalGradNorms()
+            if not self._local.install():
+                self._local = None  # choose_method checked the seam: only a torch patched since lands here
         if comm is not None:
             comm.noise_scale = False  # until a step that takes the norms (step_starts)
             comm.take_noise_times()
@@ -99,6 +126,26 @@ class NoiseScaleSteps:
         self.taken = self.sampling.takes(step, kept_every)
         if self._comm is not None:
             self._comm.noise_scale = self.taken
+        if self._local is not None:
+            self._local.taking = self.taken
+            self._local.clear()  # a step that stopped short of its optimizer step left its norms
+
+    def backward_own_s(self) -> float:
+        """At a backward's end: the host seconds its norms took on the training thread (the DDP hook's, or
+        FSDP2's local gradient's), tuneup's own time inside the backward."""
+        if self._comm is not None:
+            return self._comm.take_own_s()
+        if self._local is not None:
+            taken = self._local.take_own_s()
+            self._norm_s += taken
+            return taken
+        return 0.0
+
+    def close(self) -> None:
+        """The fit is over: FSDP2's seam removed."""
+        local, self._local = self._local, None
+        if local is not None:
+            local.uninstall()
 
     def step_ends(self) -> None:
         """At the step's end: its host time and its norms' for the sampling to choose from."""
@@ -132,7 +179,9 @@ class NoiseScaleSteps:
         if not samples or (accumulate is not None and clock.micro_batches != accumulate):
             return
         scale, unscaled = self._loss_scale(optimizer) if self._loss_scale is not None else (None, False)
-        if self.method == ACCUMULATION_METHOD:
+        if self.method == FSDP2_METHOD:
+            self._fsdp2_noise(clock, samples, accumulate, scale, unscaled)
+        elif self.method == ACCUMULATION_METHOD:
             if first is None or not first[1] or first[1] >= samples or accumulate is None:
                 return
             assert self._parameters is not None
@@ -160,3 +209,37 @@ class NoiseScaleSteps:
                 big_batch=samples * self._world_size,
                 loss_scale=scale,
             )
+
+    def _fsdp2_noise(
+        self, clock: StepClock, samples: int, accumulate: int | None, scale: Any, unscaled: bool
+    ) -> None:
+        """FSDP2: the step's local norms (one reduction per unit, or one per micro-batch) and this rank's
+        shards' part of the averaged gradient's norm."""
+        local = self._local.take(self._world_size) if self._local is not None else None
+        if local is None or self._parameters is None:
+            return
+        reductions = local.reductions
+        if reductions > 1 and (accumulate != reductions or samples % reductions):
+            # Each reduction is one micro-batch's gradient, its loss divided by the accumulation count,
+            # only where the trainer says it is that count (Lightning's automatic optimization).
+            return
+        if reductions == 1 and clock.micro_batches > 1 and accumulate is None:
+            return  # one reduction of micro-batches whose losses were scaled in a way tuneup is not told
+        started = time.perf_counter()
+        shard_sq = fsdp_noise.shard_squared_norm(self._parameters())
+        self._norm_s += time.perf_counter() - started
+        if shard_sq is None:
+            return
+        clock.noise = PendingNoise(
+            FSDP2_METHOD,
+            # r reductions of the step's samples, each 1/r of its own mean gradient (the losses divided
+            # by the accumulation count k = r): r² times its squared norm, averaged over the r of them.
+            small_batch=samples // reductions,
+            big_batch=samples * self._world_size,
+            small_sq=local.squared,
+            big_sq=shard_sq,
+            small_factor=float(reductions),
+            loss_scale=scale,
+            small_scaled=True,
+            big_scaled=not unscaled,
+        )

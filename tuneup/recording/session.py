@@ -494,6 +494,8 @@ class RecordingSession:
             warn_once("manifest", f"cannot write {self.run_dir}/{MANIFEST_FILE} ({exc.strerror or exc})")
 
     def _start_noise_scale(self, facts: TrainingFacts) -> None:
+        if self._noise is not None:
+            self._noise.close()
         self._noise = None
         if not self.profiling.noise_scale:
             if self.comm is not None:
@@ -505,6 +507,7 @@ class RecordingSession:
             world_size=self.world_size,
             comm=self.comm,
             accumulation=accumulation,
+            parameters=facts.parameters,
         )
         if method is None:
             if self.rank == 0:
@@ -698,8 +701,7 @@ class RecordingSession:
                     noise.after_first_micro_batch(clock)
                     clock.own_since(entered)
                     return
-                if self.comm is not None:
-                    clock.add_own(self.comm.take_own_s())  # the DDP hook's norms in this backward
+                clock.add_own(noise.backward_own_s())  # the DDP hook's or FSDP2's norms in this backward
             clock.after_backward()
         except Exception as exc:
             self.fail("after_backward", exc)
@@ -961,6 +963,7 @@ class RecordingSession:
                 if summary:
                     writer.add_event("sync_summary", **summary)
         if self._noise is not None:
+            self._noise.close()  # FSDP2's seam out of torch, even if the event below fails
             # Which steps took the norms, and what they cost (the automatic choice's inputs).
             with contextlib.suppress(Exception):
                 writer.add_event("noise_scale_sampling", **self._noise.sampling.summary())
