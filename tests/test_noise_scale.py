@@ -382,6 +382,20 @@ def gns_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, 
         "ddp_scaled": _fit(
             base / "ddp_scaled", "--devices", "2", "--max-steps", "300", "--loss-scale", "1024"
         ),
+        # FSDP2 (fully_shard under ModelParallelStrategy) sees the same batches as the DDP run, step for step.
+        "fsdp2": _fit(base / "fsdp2", "--devices", "2", "--strategy", "fsdp2", "--max-steps", "1000"),
+        # Lightning's Trainer reduce-scatters every micro-batch under FSDP2: 2 ranks x 2 small batches a step.
+        "fsdp2_acc": _fit(
+            base / "fsdp2_acc",
+            "--devices",
+            "2",
+            "--strategy",
+            "fsdp2",
+            "--accumulate",
+            "2",
+            "--max-steps",
+            "300",
+        ),
         "acc": _fit(base / "acc", "--accumulate", "2", "--max-steps", "2000"),
         # The scaled runs are compared with the plain ones step for step (to 1%), not with the truth:
         # a few hundred steps show a scale left in as well as a thousand.
@@ -428,6 +442,43 @@ def test_ddp_and_accumulation_estimates_match_the_brute_force_truth(gns_runs) ->
     est = [per_step_estimates(s.gns_small_sq / 4, s.gns_big_sq, 8, 16) for s in steps]
     wrong, _, _ = ratio_of_means([g for g, _ in est], [t for _, t in est])
     assert wrong is None or abs(wrong / true_b - 1) > 0.5
+
+
+@pytest.mark.slow
+def test_fsdp2_estimate_matches_the_brute_force_truth_and_ddp_step_for_step(gns_runs) -> None:  # type: ignore[no-untyped-def]
+    truth, fsdp2 = gns_runs["fsdp2"]
+    _, ddp = gns_runs["ddp"]
+    _, fsdp2_acc = gns_runs["fsdp2_acc"]
+    true_b = truth["b_simple"]
+    ns, acc_ns = analyze_run(fsdp2).noise_scale, analyze_run(fsdp2_acc).noise_scale
+    assert ns is not None and acc_ns is not None
+    assert ns.method.startswith("FSDP2") and ns.steps >= 200 and (ns.small_batch, ns.big_batch) == (8, 16)
+    # One reduce-scatter per micro-batch: each is one micro-batch's gradient (its loss divided by 2).
+    assert (acc_ns.small_batch, acc_ns.big_batch) == (8, 32)
+    print(
+        f"\ntrue B_simple {true_b:.3f}; FSDP2 2 ranks {ns.b_simple:.3f} [{ns.ci_low:.2f}, {ns.ci_high:.2f}] over "
+        f"{ns.steps} steps; FSDP2 with accumulation 2: {acc_ns.b_simple:.3f} [{acc_ns.ci_low:.2f}, "
+        f"{acc_ns.ci_high:.2f}] over {acc_ns.steps} steps"
+    )
+    assert ns.b_simple == pytest.approx(true_b, rel=0.15)
+    assert ns.grad_sq == pytest.approx(truth["grad_sq"], rel=0.15)
+    assert ns.trace_sigma == pytest.approx(truth["trace_sigma"], rel=0.15)
+    assert acc_ns.b_simple == pytest.approx(true_b, rel=0.15)
+    # The test would catch a forgotten factor: each reduction is half its micro-batch's mean gradient, and
+    # without the 2 of the r reductions' mean (r² / r) the small norm is half, far from the truth.
+    steps = [s for r in (0, 1) for s in fsdp2_acc.steps(r) if s.gns_small_sq is not None]
+    est = [per_step_estimates(s.gns_small_sq / 2, s.gns_big_sq * 2, 8, 32) for s in steps]
+    wrong, _, _ = ratio_of_means([g for g, _ in est], [t for _, t in est])
+    assert wrong is None or abs(wrong / true_b - 1) > 0.5
+    # The same data and model as the DDP run: the ranks' mean local norm and the sum of their shards' parts
+    # are DDP's two norms, step for step (rank 1's shards of this 9-parameter model are padding only).
+    for step in range(0, 1000, 7):
+        d = [ddp.steps(r)[step] for r in (0, 1)]
+        f = [fsdp2.steps(r)[step] for r in (0, 1)]
+        assert d[0].step == f[0].step == step
+        small = sum(s.gns_small_sq for s in f)  # type: ignore[misc]
+        assert small == pytest.approx(sum(s.gns_small_sq for s in d), rel=1e-4)  # type: ignore[misc]
+        assert sum(s.gns_big_sq for s in f) == pytest.approx(d[0].gns_big_sq, rel=1e-4)  # type: ignore[misc]
 
 
 @pytest.mark.slow

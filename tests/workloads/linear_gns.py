@@ -1,7 +1,10 @@
 """A linear regression that never moves (learning rate 0), for the gradient noise scale's ground truth.
 
     python tests/workloads/linear_gns.py --out RUN_DIR --truth TRUTH.json [--devices 2] [--accumulate 2]
-        [--loss-scale 1024] [--max-steps N] [--noise-scale-every K]
+        [--loss-scale 1024] [--max-steps N] [--noise-scale-every K] [--strategy ddp|fsdp2]
+
+`--strategy fsdp2` (with --devices 2 or more) shards the model with `fully_shard` under Lightning's
+ModelParallelStrategy: FSDP2 on CPU over gloo.
 
 With the parameters fixed, every step's gradient is an unbiased sample of the same distribution, and the
 true B_simple = tr(Σ)/|G|² follows from per-example gradients over the whole dataset, computed here by
@@ -41,7 +44,7 @@ def dataset() -> TensorDataset:
     return TensorDataset(x, (x @ w_offset + noise).unsqueeze(1))
 
 
-def make_module(L: Any) -> Any:
+def make_module(L: Any, fsdp2: bool = False) -> Any:
     class LinearRegression(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
@@ -54,6 +57,12 @@ def make_module(L: Any) -> Any:
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             x, y = batch
             return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_model(self) -> None:
+            if fsdp2:
+                from torch.distributed.fsdp import fully_shard
+
+                fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.0)
@@ -90,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-steps", type=int, default=1000)
     p.add_argument("--loss-scale", type=float, default=0.0)
     p.add_argument("--namespace", default="lightning", choices=["lightning", "pytorch_lightning"])
+    p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp2"], help="with --devices 2 or more")
     # TuneupCallback(noise_scale_every=...): None (automatic) unless given.
     p.add_argument("--noise-scale-every", type=int, default=None)
     args = p.parse_args(argv)
@@ -109,12 +119,16 @@ def main(argv: list[str] | None = None) -> None:
 
         scaler = torch.amp.GradScaler("cpu", init_scale=args.loss_scale, growth_interval=10**9)
         plugins.append(ScaledNoAutocast("16-mixed", "cpu", scaler=scaler))
-    module = make_module(L)
+    fsdp2 = args.strategy == "fsdp2" and args.devices > 1
+    module = make_module(L, fsdp2=fsdp2)
     data = dataset()
+    strategy: Any = "ddp" if args.devices > 1 else "auto"
+    if fsdp2:
+        strategy = L.strategies.ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        strategy=strategy,
         max_steps=args.max_steps,
         accumulate_grad_batches=args.accumulate,
         callbacks=[
@@ -138,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     trainer.fit(module, loader)
     if trainer.global_rank == 0:
-        Path(args.truth).write_text(json.dumps(true_noise_scale(module, data)))
+        # At learning rate 0 the trained model is the one it started as: a fresh (unsharded) copy of it.
+        Path(args.truth).write_text(json.dumps(true_noise_scale(make_module(L), data)))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # a gloo group alive at exit can abort (DESIGN.md)
 
