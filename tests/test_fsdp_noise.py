@@ -226,3 +226,61 @@ def test_a_sharded_run_without_the_norms_says_why(tmp_path: Path) -> None:
     assert "do not record it" not in fsdp2.text  # FSDP2 does
     fsdp1 = noise_verdict(None, dataclasses.replace(info, strategy="FSDPStrategy"))
     assert "FSDP1" in fsdp1.text and "FSDP2 (ModelParallelStrategy with fully_shard) does" in fsdp1.text
+
+
+class _Clock:
+    """What NoiseScaleSteps reads of the step clock before the optimizer step."""
+
+    def __init__(self, samples: int, micro_batches: int) -> None:
+        self.samples, self.micro_batches, self.noise = samples, micro_batches, None
+
+
+@pytest.mark.parametrize(
+    ("reductions", "accumulate", "expected"),
+    [
+        (1, 1, (8, 32, 16.0)),  # no accumulation: the step's local gradient
+        (1, 2, (16, 64, 16.0)),  # set_requires_gradient_sync: one reduction of both micro-batches
+        (2, 2, (8, 64, 4 * 16.0)),  # Lightning's Trainer: each reduction half its micro-batch's mean
+        (2, None, None),  # losses scaled in a way tuneup is not told: left out
+        (3, 2, None),  # neither once per step nor once per micro-batch
+    ],
+)
+def test_the_step_takes_its_batch_sizes_from_how_often_fsdp_reduced(
+    reduce_calls: list, reductions: int, accumulate: int | None, expected: tuple[int, int, float] | None
+) -> None:
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as module
+
+    from tuneup.collect.grad_noise import noise_record
+    from tuneup.record.writer import RecordingPolicy
+    from tuneup.recording.noise import NoiseScaleSteps
+
+    fake = module.foreach_reduce
+    shard = [_Param(_ShardGrad(torch.full((4,), 0.5), _Mesh(4), False))]  # this rank's part: 1
+    steps = NoiseScaleSteps(
+        "fsdp2",
+        1,
+        on_cuda=False,
+        comm=None,
+        recording=RecordingPolicy(),
+        world_size=4,
+        parameters=lambda: shard,
+        accumulation=None if accumulate is None else (lambda: accumulate),
+    )
+    assert module.foreach_reduce is not fake  # installed for the fit
+    steps.step_starts(0)
+    unit = object()
+    for _ in range(reductions):
+        _reduce(unit, [torch.full((4,), 2.0)], ranks=4)  # 16 each
+    assert steps.backward_own_s() > 0
+    micro_batches = accumulate or 2
+    clock = _Clock(samples=8 * micro_batches, micro_batches=micro_batches)
+    steps.before_optimizer(clock, None)  # type: ignore[arg-type]
+    if expected is None:
+        assert clock.noise is None
+    else:
+        record = noise_record(clock.noise, None)  # type: ignore[arg-type]
+        small_batch, big_batch, small_sq = expected
+        assert (record["gns_small_batch"], record["gns_big_batch"]) == (small_batch, big_batch)
+        assert record["gns_small_sq"] == pytest.approx(small_sq) and record["gns_big_sq"] == 1.0
+    steps.close()
+    assert module.foreach_reduce is fake  # the seam leaves with the fit
