@@ -98,8 +98,8 @@ WORKLOADS: dict[str, Workload] = {
         "mlp", batch=64, threads=2, width=1024, precision="bf16-mixed", steps=60,
     ),
     "mlp-fsdp2": Workload(
-        "MLP (3 x 512) sharded with FSDP2 (fully_shard per Linear), 2 gloo ranks, batch 32: gathers each step",
-        "mlp", devices=2, batch=32, width=512, depth=3, sharding="fsdp2", steps=80,
+        "MLP (3 x 512) sharded with FSDP2 (fully_shard per Linear), 2 gloo ranks, batch 8: the gathers dominate",
+        "mlp", devices=2, batch=8, width=512, depth=3, sharding="fsdp2", steps=80,
     ),
     "local-sgd": Workload(
         "embedding model already on TuneupDDPStrategy(local_sgd_period=4), 2 gloo ranks, batch 16",
