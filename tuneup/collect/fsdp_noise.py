@@ -33,8 +33,8 @@ from typing import Any
 
 from tuneup._log import warn_once
 
-# More reductions than this without a step taking them: a step that never ended; they are dropped.
-_MAX_CALLS = 100_000
+# More gradients' norms than this without a step taking them: a step that never ended; they are dropped.
+_MAX_NORMS = 1_000_000
 
 
 def _seam() -> tuple[Any, Callable[..., Any]] | None:
@@ -80,7 +80,9 @@ class LocalGradNorms:
 
     def __init__(self) -> None:
         self.taking = False
-        self._squares: list[Any] = []
+        # Each gradient's norm (a 0-d float32 device tensor), squared and summed once at the step's end:
+        # one foreach call per reduction and nothing else, the rest a few dispatches per step.
+        self._norms: list[Any] = []
         self._calls_by_unit: dict[int, int] = {}
         self._unusable: str | None = None  # why this step's norms cannot be used
         self._own_s = 0.0
@@ -136,6 +138,8 @@ class LocalGradNorms:
     def _add(self, fsdp_params: Any, grads: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import torch
 
+        if len(self._norms) > _MAX_NORMS:
+            self.clear()  # no step takes them (a session that stopped mid-step): never a growing list
         reduce_group = args[0] if args else kwargs.get("reduce_scatter_group")
         all_reduce_group = self._arg("all_reduce_group", args, kwargs)
         ranks = (reduce_group.size() if reduce_group is not None else 1) * (
@@ -145,12 +149,10 @@ class LocalGradNorms:
         if divide is not None and divide != ranks:
             # The reduced gradient is then the sum over ranks divided by `divide`, not their mean.
             self._unusable = f"a gradient divide factor of {divide} over {ranks} ranks"
-        if len(self._squares) > _MAX_CALLS:
-            self.clear()  # no step takes them (a session that stopped mid-step): never a growing list
         unit = id(fsdp_params[0]) if fsdp_params else 0
         self._calls_by_unit[unit] = self._calls_by_unit.get(unit, 0) + 1
         norms = torch._foreach_norm([g.detach() for g in grads], 2.0, dtype=torch.float32)
-        self._squares.append(torch.stack(norms).square().sum())
+        self._norms.extend(norms)
         self._ranks = ranks
 
     def take_own_s(self) -> float:
@@ -160,18 +162,18 @@ class LocalGradNorms:
 
     def clear(self) -> None:
         """Forget the norms taken so far (a step that started and will not use them)."""
-        self._squares, self._calls_by_unit, self._unusable, self._ranks = [], {}, None, None
+        self._norms, self._calls_by_unit, self._unusable, self._ranks = [], {}, None, None
 
     def take(self, world_size: int) -> LocalNorms | None:
         """The step's local norms, and the state cleared for the next step; None where the step has none or
         they cannot be used (said once): units reduced unequal numbers of times (a partial backward),
         a data-parallel group smaller than the world (tensor parallelism: the ranks of a group share one
         batch), a gradient divide factor of the user's."""
-        squares, self._squares = self._squares, []
+        norms, self._norms = self._norms, []
         calls, self._calls_by_unit = self._calls_by_unit, {}
         unusable, self._unusable = self._unusable, None
         ranks, self._ranks = self._ranks, None
-        if not squares:
+        if not norms:
             return None
         if unusable is None and ranks is not None and ranks != world_size:
             unusable = (
@@ -184,7 +186,7 @@ class LocalGradNorms:
             return None
         import torch
 
-        total = squares[0] if len(squares) == 1 else torch.stack(squares).sum()
+        total = torch.stack(norms).square().sum()
         return LocalNorms(total, next(iter(calls.values())))
 
 
