@@ -173,6 +173,14 @@ def test_fsdp2_is_measured_and_fsdp1_says_why(monkeypatch: pytest.MonkeyPatch) -
         )
 
     assert choose(dtensor_params) == ("fsdp2", None)
+    without_probe = choose_method(  # profile_communication=False: FSDP2's norms need no comm probe
+        automatic_optimization=True,
+        world_size=2,
+        comm=None,
+        accumulation=1,
+        parameters=lambda: dtensor_params,
+    )
+    assert without_probe == ("fsdp2", None)
     method, why = choose([torch.nn.Parameter(torch.ones(2))])
     assert method is None and why is not None and why.startswith("FSDP1")
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as module

@@ -50,17 +50,18 @@ def choose_method(
     if not automatic_optimization:
         return None, "manual optimization (tuneup cannot tell which backward makes the step's gradient)"
     if world_size > 1:
-        if comm is None:
-            return None, "profile_communication=False (the norms are taken in the DDP comm hook)"
-        if comm.record_all:
-            if parameters is None or not fsdp_noise.is_fsdp2(parameters()):
-                return None, (
-                    "FSDP1 (Lightning's FSDPStrategy): its flat gradient shards are not measured; FSDP2 "
-                    "(ModelParallelStrategy with fully_shard) is"
-                )
+        # FSDP2 needs no comm probe: its norms come through tuneup's own seam on FSDP's reduction.
+        if parameters is not None and fsdp_noise.is_fsdp2(parameters()):
             if not fsdp_noise.available():
                 return None, "this torch's FSDP2 has no foreach_reduce to take the local gradient's norm from"
             return FSDP2_METHOD, None
+        if comm is None:
+            return None, "profile_communication=False (the norms are taken in the DDP comm hook)"
+        if comm.record_all:
+            return None, (
+                "FSDP1 (Lightning's FSDPStrategy): its flat gradient shards are not measured; FSDP2 "
+                "(ModelParallelStrategy with fully_shard) is"
+            )
         if not comm.hook_registered:
             return None, "no DDP comm hook could be registered"
         return DDP_METHOD, None
