@@ -95,6 +95,11 @@ def test_fsdp2_gathers_and_scatters_each_layer_shard(tmp_path: Path, namespace: 
     run = load_run(tmp_path / "run")
     trainer = run.manifest.raw["trainer"]
     assert trainer["strategy"] == "ModelParallelStrategy"
+    # How FSDP2 wrapped the model, read once wrapped: two Linear units and the Sequential root, defaults.
+    assert run.manifest.raw["model"]["fsdp"] == {
+        "kind": "FSDP2", "units": 3, "reshard_after_forward": True, "param_dtype": None,
+        "reduce_dtype": None, "offload": "none",
+    }  # fmt: skip
     assert trainer["namespace"] == ("lightning.pytorch" if namespace == "lightning" else namespace)
     world = 2
     # FSDP2 shards dim 0 of every parameter, padded to a multiple of the world size.

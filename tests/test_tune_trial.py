@@ -227,6 +227,8 @@ def test_reshard_after_forward_false_reaches_every_fsdp2_unit_and_drops_the_back
     applied = json.loads((status / "applied.json").read_text())
     assert applied == {"applied": {"reshard_after_forward": "false"}, "not_applied": {}}
     run = load_run(out)
+    # The manifest says what the units did (the tuner checks a trial's run against what it asked).
+    assert run.manifest.raw["model"]["fsdp"]["reshard_after_forward"] is False
     for rank in (0, 1):
         gathers = Counter(c.step for c in run.ranks[rank].collectives if c.kind == "all_gather")
         assert set(gathers.values()) == {2}, gathers  # two units, each gathered once a step

@@ -85,6 +85,8 @@ class Observation:
     # collectives (`comm_ms`) are all-gathers and reduce-scatters inside forward and backward at every
     # micro-batch, `exposed_ms` the wait for them (None: not measured), and it has no `bucket_bytes`.
     sharding: str | None = None
+    # FSDP2's units reshard their parameters after forward (the run's manifest); None: not said, or mixed.
+    reshard_after_forward: bool | None = None
 
     @property
     def step_noise(self) -> float:
@@ -243,6 +245,11 @@ def observe(analysis: RunAnalysis) -> Observation:
         contended=any(c.contended for c in contention) if contention else None,
         others_cpu_share=min(1.0, max(others)) if others else None,
         sharding=sharding(run),
+        reshard_after_forward=(
+            run.fsdp.reshard_after_forward
+            if run.fsdp is not None and isinstance(run.fsdp.reshard_after_forward, bool)
+            else None
+        ),
     )
 
 

@@ -55,6 +55,17 @@ class Hardware:
 
 
 @dataclass(frozen=True, slots=True)
+class FsdpSettings:
+    """FSDP2's settings as its units held them (tuneup/recording/describe.py); "mixed" where units differ."""
+
+    units: int  # modules fully_shard wrapped
+    reshard_after_forward: bool | str | None  # the units' but the root's; "mixed"
+    param_dtype: str | None  # the mixed-precision policy's; None: the parameters' own
+    reduce_dtype: str | None
+    offload: str | None  # "cpu" (CPUOffloadPolicy) or "none"
+
+
+@dataclass(frozen=True, slots=True)
 class RunInfo:
     """What ran, where, and for how long."""
 
@@ -98,6 +109,8 @@ class RunInfo:
     # "loop"), for the advice's code; None where the record does not say (the Lightning callback's before
     # adapters named themselves).
     adapter: str | None = None
+    # How FSDP2 wrapped the model, read once it was wrapped (the manifest's model.fsdp); None: no FSDP2 unit.
+    fsdp: FsdpSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)

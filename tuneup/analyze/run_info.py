@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from tuneup._stats import finite
-from tuneup.analyze.model import Hardware, RunInfo, Warmup
+from tuneup.analyze.model import FsdpSettings, Hardware, RunInfo, Warmup
 from tuneup.analyze.steady import DECAY_RATIO, PLATEAU_MIN_STEPS, WARMUP_FACTOR, WARMUP_MAX_SHARE
 from tuneup.analyze.timeline import ENDED_REASONS, fit_span, rank_stop_reason
 from tuneup.record.schema import STOP_USER_INTERRUPT, RankRecord, Run
@@ -125,6 +125,7 @@ def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
         start_method=t.get("start_method") if m.world_size > 1 else None,
         **_sampling(run),
         adapter=_adapter(run),
+        fsdp=_fsdp(m.model.get("fsdp")),
     )
 
 
@@ -185,4 +186,23 @@ def warmup(run: Run, warm: dict[int, int], first_steady_step: int | None) -> War
         first_steady_step=first_steady_step,
         no_steady_state=no_steady_state(run, warm),
         rule=WARMUP_RULE,
+    )
+
+
+def _fsdp(section: object) -> FsdpSettings | None:
+    """The manifest's model.fsdp (tuneup/recording/describe.py), each field kept only where it has its type."""
+    if not isinstance(section, dict) or not isinstance(section.get("units"), int):
+        return None
+
+    def text(key: str) -> str | None:
+        value = section.get(key)
+        return value if isinstance(value, str) else None
+
+    reshard = section.get("reshard_after_forward")
+    return FsdpSettings(
+        units=section["units"],
+        reshard_after_forward=reshard if isinstance(reshard, (bool, str)) else None,
+        param_dtype=text("param_dtype"),
+        reduce_dtype=text("reduce_dtype"),
+        offload=text("offload"),
     )

@@ -36,6 +36,62 @@ def model_summary(module: Any) -> dict[str, Any]:
         "trainable_parameters": trainable,
         "automatic_optimization": plain_value(module, "automatic_optimization"),
         "compiled": compiled_modules(module),
+        "fsdp": fsdp_summary(module),
+    }
+
+
+def _dtype(value: Any) -> str | None:
+    return str(value).removeprefix("torch.") if value is not None else None
+
+
+def _one(values: set[Any]) -> Any:
+    """The value all units share; "mixed" where they differ; None where none said."""
+    values.discard(None)
+    return next(iter(values)) if len(values) == 1 else ("mixed" if values else None)
+
+
+def fsdp_summary(module: Any) -> dict[str, Any] | None:
+    """How FSDP2 (`fully_shard`) wrapped `module`, read once the strategy has wrapped it: the units, whether
+    they reshard after forward (the root's own is left out: FSDP2 keeps the root's parameters gathered), the
+    mixed-precision policy's dtypes and the offload policy; None where no module is an FSDP2 unit. Read from
+    FSDP2's unit state (torch 2.13's `FSDPParamGroup`); a field another torch lays out differently is None."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return None
+    try:
+        units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    except Exception:
+        return None
+    if not units:
+        return None
+    reshard: set[Any] = set()
+    param_dtype: set[Any] = set()
+    reduce_dtype: set[Any] = set()
+    offload: set[Any] = set()
+    for i, unit in enumerate(units):
+        try:
+            group = unit._get_fsdp_state()._fsdp_param_group
+        except Exception:
+            continue
+        if group is None:  # a unit without parameters of its own
+            continue
+        if i > 0 or len(units) == 1:
+            reshard.add(bool(group.post_forward_mesh_info is not None))
+        mp = getattr(group, "mp_policy", None)
+        param_dtype.add(_dtype(getattr(mp, "param_dtype", None)))
+        reduce_dtype.add(_dtype(getattr(mp, "reduce_dtype", None)))
+        policy = getattr(group, "offload_policy", None)
+        offload.add(
+            "cpu" if type(policy).__name__ == "CPUOffloadPolicy" else "none" if policy is not None else None
+        )
+    return {
+        "kind": "FSDP2",
+        "units": len(units),
+        "reshard_after_forward": _one(reshard),
+        "param_dtype": _one(param_dtype),
+        "reduce_dtype": _one(reduce_dtype),
+        "offload": _one(offload),
     }
 
 

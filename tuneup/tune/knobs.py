@@ -643,10 +643,13 @@ _BUILT_IN = (
         label_format="raf-{}",
         apply=apply_reshard_after_forward,
         code_of=_reshard_code,
-        # FSDP2's default for every unit but the root is True, taken as the script's (the record cannot say what
-        # the script passed to fully_shard); tried both ways on an FSDP2 run.
+        # What the run's FSDP2 units did (its manifest), else FSDP2's default for every unit but the root;
+        # tried both ways on an FSDP2 run.
         defaults=lambda current, job: ("true", "false") if current is not None else (),
-        from_run=lambda o: "true" if o.sharding == "FSDP2" else None,
+        from_run=lambda o: (
+            ("false" if o.reshard_after_forward is False else "true") if o.sharding == "FSDP2" else None
+        ),
+        verify=True,
         unmeasured=_reshard_bound,
     ),
 )

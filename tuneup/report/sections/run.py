@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tuneup.analyze.model import Hardware, RunAnalysis, RunInfo
+from tuneup.analyze.model import FsdpSettings, Hardware, RunAnalysis, RunInfo
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import Block, KeyValues, by_value
 from tuneup.report.format import (
@@ -45,6 +45,7 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
         ("World size", _world(run)),
         ("Hosts", by_value(run.hosts)),
         ("Strategy", text(run.strategy) + _start_method(run.start_method)),
+        *((("FSDP2", _fsdp(run.fsdp)),) if run.fsdp is not None else ()),
         ("Precision", text(run.precision)),
         ("Accelerator", text(run.accelerator)),
         ("Trainer package", text(run.namespace)),
@@ -64,6 +65,23 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
         ("Data wait timing", text(data_timing) if data_timing else MISSING),
     )
     return [KeyValues("", pairs)]
+
+
+def _fsdp(f: FsdpSettings) -> str:
+    """ "5 units; reshard after forward; bf16 parameters, fp32 reduction; no offload"."""
+    reshard = {True: "reshard after forward", False: "parameters kept from forward to backward"}.get(
+        f.reshard_after_forward,  # type: ignore[arg-type]
+        f"reshard after forward: {text(f.reshard_after_forward)}",
+    )
+    precision = (
+        f"{f.param_dtype} parameters, {f.reduce_dtype or 'their own dtype for the'} reduction"
+        if f.param_dtype
+        else "no mixed-precision policy"
+    )
+    offload = {"cpu": "parameters offloaded to CPU", "none": "no offload"}.get(
+        f.offload or "", "offload unknown"
+    )
+    return f"{f.units} units (fully_shard); {reshard}; {precision}; {offload}"
 
 
 def _parameters(run: RunInfo) -> str:
