@@ -89,9 +89,8 @@ def test_a_users_hook_is_timed_without_changing_what_it_computes(tmp_path: Path)
 
 @pytest.mark.parametrize("namespace", ["lightning", "pytorch_lightning"])
 def test_fsdp2_gathers_and_scatters_each_layer_shard(tmp_path: Path, namespace: str) -> None:
-    run_workload(
-        tmp_path / "run", "--devices", "2", "--strategy", "fsdp2", "--max-steps", "4", "--namespace", namespace
-    )
+    args = ("--devices", "2", "--strategy", "fsdp2", "--max-steps", "4", "--namespace", namespace)
+    run_workload(tmp_path / "run", *args)
     run = load_run(tmp_path / "run")
     trainer = run.manifest.raw["trainer"]
     assert trainer["strategy"] == "ModelParallelStrategy"
