@@ -4,7 +4,8 @@
         [--loss-scale 1024] [--max-steps N] [--noise-scale-every K] [--strategy ddp|fsdp2]
 
 `--strategy fsdp2` (with --devices 2 or more) shards the model with `fully_shard` under Lightning's
-ModelParallelStrategy: FSDP2 on CPU over gloo.
+ModelParallelStrategy: FSDP2 on CPU over gloo. `--strategy hsdp` (an even --devices of 4 or more) does the
+same on a 2-D mesh: 2 replicas, each sharded over half the ranks.
 
 With the parameters fixed, every step's gradient is an unbiased sample of the same distribution, and the
 true B_simple = tr(Σ)/|G|² follows from per-example gradients over the whole dataset, computed here by
@@ -44,7 +45,7 @@ def dataset() -> TensorDataset:
     return TensorDataset(x, (x @ w_offset + noise).unsqueeze(1))
 
 
-def make_module(L: Any, fsdp2: bool = False) -> Any:
+def make_module(L: Any, fsdp2: bool = False, hsdp: bool = False) -> Any:
     class LinearRegression(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
@@ -62,7 +63,13 @@ def make_module(L: Any, fsdp2: bool = False) -> Any:
             if fsdp2:
                 from torch.distributed.fsdp import fully_shard
 
-                fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+                mesh = self.device_mesh["data_parallel"]
+                if hsdp:
+                    from torch.distributed.device_mesh import init_device_mesh
+
+                    ranks = mesh.size()
+                    mesh = init_device_mesh("cpu", (2, ranks // 2), mesh_dim_names=("replicate", "shard"))
+                fully_shard(self.net, mesh=mesh)
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.0)
@@ -99,7 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-steps", type=int, default=1000)
     p.add_argument("--loss-scale", type=float, default=0.0)
     p.add_argument("--namespace", default="lightning", choices=["lightning", "pytorch_lightning"])
-    p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp2"], help="with --devices 2 or more")
+    p.add_argument(
+        "--strategy", default="ddp", choices=["ddp", "fsdp2", "hsdp"], help="with --devices 2 or more"
+    )
     # TuneupCallback(noise_scale_every=...): None (automatic) unless given.
     p.add_argument("--noise-scale-every", type=int, default=None)
     args = p.parse_args(argv)
@@ -119,8 +128,8 @@ def main(argv: list[str] | None = None) -> None:
 
         scaler = torch.amp.GradScaler("cpu", init_scale=args.loss_scale, growth_interval=10**9)
         plugins.append(ScaledNoAutocast("16-mixed", "cpu", scaler=scaler))
-    fsdp2 = args.strategy == "fsdp2" and args.devices > 1
-    module = make_module(L, fsdp2=fsdp2)
+    fsdp2 = args.strategy in ("fsdp2", "hsdp") and args.devices > 1
+    module = make_module(L, fsdp2=fsdp2, hsdp=args.strategy == "hsdp")
     data = dataset()
     strategy: Any = "ddp" if args.devices > 1 else "auto"
     if fsdp2:
