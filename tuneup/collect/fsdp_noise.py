@@ -219,7 +219,9 @@ def shard_squared_norm(parameters: Iterable[Any]) -> Any:
         return None
     total = None
     for replicas, grads in by_replicas.items():
-        part = torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)).square().sum() / replicas
+        part = torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)).square().sum()
+        if replicas > 1:
+            part = part / replicas
         total = part if total is None else total + part
     if total is None:  # every shard here is empty: this rank's part is zero
         return torch.zeros((), dtype=torch.float32)

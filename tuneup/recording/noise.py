@@ -181,7 +181,10 @@ class NoiseScaleSteps:
             return
         scale, unscaled = self._loss_scale(optimizer) if self._loss_scale is not None else (None, False)
         if self.method == FSDP2_METHOD:
+            started = time.perf_counter()
             self._fsdp2_noise(clock, samples, accumulate, scale, unscaled)
+            # All of it, not the shard norm alone: summing the step's local norms is the same work.
+            self._norm_s += time.perf_counter() - started
         elif self.method == ACCUMULATION_METHOD:
             if first is None or not first[1] or first[1] >= samples or accumulate is None:
                 return
@@ -226,9 +229,7 @@ class NoiseScaleSteps:
             return
         if reductions == 1 and clock.micro_batches > 1 and accumulate is None:
             return  # one reduction of micro-batches whose losses were scaled in a way tuneup is not told
-        started = time.perf_counter()
         shard_sq = fsdp_noise.shard_squared_norm(self._parameters())
-        self._norm_s += time.perf_counter() - started
         if shard_sq is None:
             return
         clock.noise = PendingNoise(
