@@ -17,13 +17,19 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from tuneup.collect.comm import CommProbe
+from typing import Any, Protocol
 
 
-def install_fsdp_waits(probe: CommProbe) -> Callable[[], None] | None:
+class WaitListener(Protocol):
+    """What this seam needs of the comm probe (tuneup.collect.comm.CommProbe), said here so that the probe,
+    which installs the seam, is not imported back: the asynchronous gathers it launched, by their Work's
+    id, and the step clock's phase now."""
+
+    awaiting: dict[int, Any] | None
+    phase_now: Callable[[], str] | None
+
+
+def install_fsdp_waits(probe: WaitListener) -> Callable[[], None] | None:
     """Wrap FSDP2's copy-out of a gather, so that `probe` learns how long each asynchronous gather it
     launched was waited for; returns what removes the wrapper, or None where this torch has no seam."""
     try:
