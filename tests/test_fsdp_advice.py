@@ -106,8 +106,8 @@ def test_the_model_gives_back_the_run_with_its_collectives_inside_compute(
     # overlap reproduces the run (a DDP-shaped model spanned 0.4x to 2x of it, the collectives counted in the
     # loop's time on one reading and again on the other).
     assert current.mean_ms.value == pytest.approx(measured_ms, rel=1e-6)
-    assert current.mean_ms.low >= measured_ms / (1 + err) * (1 - 1e-6)
-    assert current.mean_ms.high <= measured_ms * (1 + err) * (1 + 1e-6)
+    assert current.mean_ms.low >= measured_ms / (1 + err) * (1 - 1e-3)
+    assert current.mean_ms.high <= measured_ms * (1 + err) * (1 + 1e-3)
     # The collectives are in forward and backward, where they ran, not in the loop's time.
     terms = current.terms_ms
     assert terms["compute"] + terms["exposed_comm"] == pytest.approx(o.forward_ms + o.backward_ms, rel=1e-6)
