@@ -710,13 +710,24 @@ def tune_check(out: Path) -> dict[str, Any]:
     }
 
 
+def _run_for_result(command: list[str], run_out: Path, timeout_s: float) -> dict[str, Any]:
+    """Run a workload script that writes RUN_OUT/result.json: that JSON, or {"returncode": N} (its stderr's
+    tail printed) where it failed."""
+    import subprocess
+
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    if proc.returncode != 0:
+        print(proc.stderr[-2000:])
+        return {"returncode": proc.returncode}
+    return json.loads((run_out / "result.json").read_text())
+
+
 @check("sync strategy")
 def sync_check(out: Path) -> dict[str, Any]:
     """TuneupDDPStrategy under NCCL on the one GPU (world size 1): each compression mode trains, its comm
     hook runs on CUDA tensors, and the bytes it sends are what the mode promises; bf16 is accepted over
     NCCL (refused over gloo); a faulty compressor falls back. With one rank the all-reduce sums nothing and
     the probe (which needs 2 ranks) records no collective: the bytes are the strategy's own count."""
-    import subprocess
 
     workload = Path(__file__).resolve().parents[1] / "tests" / "workloads" / "sync_demo.py"
     modes: dict[str, tuple[dict[str, Any], list[str]]] = {
@@ -733,12 +744,10 @@ def sync_check(out: Path) -> dict[str, Any]:
         run_out = out / f"sync-{name}"
         command = [sys.executable, str(workload), str(run_out), "--devices", "1", "--steps", "60",
                    "--accelerator", ACCELERATOR, "--strategy", json.dumps({**config, "warmup_steps": 5}), *extra]  # fmt: skip
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
-        if proc.returncode != 0:
-            print(proc.stderr[-2000:])
-            results[name] = {"returncode": proc.returncode}
+        result = _run_for_result(command, run_out, timeout_s=240)
+        if "returncode" in result:
+            results[name] = result
             continue
-        result = json.loads((run_out / "result.json").read_text())
         summary = result["strategy"]
         # Sent against exact over the steps after the 5-step warm-up.
         warm = summary["exact_bytes"] / summary["hook_iterations"] * 5
@@ -759,7 +768,6 @@ def sync_check(out: Path) -> dict[str, Any]:
 def sharded_check(out: Path, steps: int) -> dict[str, Any]:
     """FSDP2 on one GPU: memory by kind (tuneup/recording/memory_kinds.py) against the tensors' expected
     bytes and the allocator's peak, under three settings."""
-    import subprocess
 
     from tuneup import load_run
 
@@ -782,12 +790,10 @@ def sharded_check(out: Path, steps: int) -> dict[str, Any]:
         run_out = out / f"sharded-{name}"
         command = [sys.executable, str(workload), str(run_out), "--accelerator", ACCELERATOR,
                    "--steps", str(steps), "--width", str(width), *extra]  # fmt: skip
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-        if proc.returncode != 0:
-            print(proc.stderr[-2000:])
-            results[name] = {"returncode": proc.returncode}
+        result = _run_for_result(command, run_out, timeout_s=300)
+        if "returncode" in result:
+            results[name] = result
             continue
-        result = json.loads((run_out / "result.json").read_text())
         run = load_run(result["run_dir"])
         kinds = next((e for e in run.ranks[0].events if e.get("kind") == "memory_kinds"), None)
         if kinds is None:
