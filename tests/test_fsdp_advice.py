@@ -215,3 +215,14 @@ def test_reshard_after_forward_says_why_not_where_nothing_is_regathered_or_nothi
     assert "did not record what its phases waited" in reason["reshard_after_forward"]
     # DDP instead of sharding: not predicted, said with the memory it would need.
     assert "not predicted" in reason["DDP instead of FSDP2"] and "MiB" in reason["DDP instead of FSDP2"]
+
+
+def test_the_model_block_names_the_sharded_collectives_not_a_link_fit(fsdp2_run: RunAnalysis) -> None:
+    from tuneup.report.advice import advice_blocks
+    from tuneup.report.blocks import KeyValues
+
+    advice = advise([fsdp2_run], AdviceOptions(whatif=False))
+    assert advice.model is not None and advice.model.sharding == "FSDP2"
+    labels = [k for b in advice_blocks(advice) if isinstance(b, KeyValues) for k, _ in b.pairs]
+    assert "FSDP2 gathers and scatters (as measured, per micro-batch)" in labels
+    assert "Collectives (link fit)" not in labels

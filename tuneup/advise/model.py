@@ -151,6 +151,9 @@ class ModelTerms:
     median_over_mean: float = decimals(4)
     notes: list[str] = field(default_factory=list)
     interference_measured: bool = False  # against a one-rank run; else assumed (the notes say how)
+    # "FSDP2" or "FSDP" where the run sharded its model: its collectives are its gathers and scatters, held
+    # at their measured time per micro-batch (no link fit); None: DDP or one rank.
+    sharding: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

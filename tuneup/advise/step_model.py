@@ -525,6 +525,7 @@ class StepTimeModel:
             median_over_mean=self.median_over_mean,
             notes=list(self.notes),
             interference_measured=self.interference_known,
+            sharding=self.base.sharding,
         )
 
 

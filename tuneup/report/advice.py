@@ -187,9 +187,12 @@ def advice_blocks(advice: Advice | str) -> list[Block]:
             ("Optimizer, other", f"{m.optimizer_ms:.2f} ms per step, {m.other_ms:.2f} ms per micro-batch"),
         ]
         if m.sync_ms:
-            pairs.append(
-                ("Collectives (link fit)", f"{m.sync_ms:.2f} ms per step; overlap gamma {m.overlap_gamma}")
+            label = (
+                f"{m.sharding} gathers and scatters (as measured, per micro-batch)"
+                if m.sharding
+                else "Collectives (link fit)"
             )
+            pairs.append((label, f"{m.sync_ms:.2f} ms per step; overlap gamma {m.overlap_gamma}"))
         if m.exposed_comm_ms is not None:
             total = m.exposed_comm_ms + (m.interference_ms or 0.0)
             pairs.append(
