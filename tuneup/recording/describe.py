@@ -50,19 +50,25 @@ def _one(values: set[Any]) -> Any:
     return next(iter(values)) if len(values) == 1 else ("mixed" if values else None)
 
 
+def fsdp_units(module: Any) -> list[Any]:
+    """The modules FSDP2's `fully_shard` wrapped in `module` (each an `FSDPModule`), in `modules()` order (the
+    root first); [] without FSDP2, or where the modules cannot be listed."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return []
+    try:
+        return [m for m in module.modules() if isinstance(m, FSDPModule)]
+    except Exception:
+        return []
+
+
 def fsdp_summary(module: Any) -> dict[str, Any] | None:
     """How FSDP2 (`fully_shard`) wrapped `module`, read once the strategy has wrapped it: the units, whether
     they reshard after forward (the root's own is left out: FSDP2 keeps the root's parameters gathered), the
     mixed-precision policy's dtypes and the offload policy; None where no module is an FSDP2 unit. Read from
     FSDP2's unit state (torch 2.13's `FSDPParamGroup`); a field another torch lays out differently is None."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2
-        return None
-    try:
-        units = [m for m in module.modules() if isinstance(m, FSDPModule)]
-    except Exception:
-        return None
+    units = fsdp_units(module)
     if not units:
         return None
     reshard: set[Any] = set()

@@ -392,16 +392,6 @@ def apply_bucket_cap(ctx: TrialContext, value: Any) -> None:
     ctx.applied("bucket_cap_mb", int(value))
 
 
-def fsdp_modules(model: Any) -> list[Any]:
-    """The modules FSDP2's `fully_shard` wrapped in `model` (each is an `FSDPModule`); [] without FSDP2."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2
-        return []
-    modules = getattr(model, "modules", None)
-    return [m for m in modules() if isinstance(m, FSDPModule)] if callable(modules) else []
-
-
 def apply_reshard_after_forward(ctx: TrialContext, value: Any) -> None:
     """FSDP2's runtime setter on every `fully_shard`-ed module, once the strategy has wrapped the model (the
     user's `configure_model` ran): False keeps each unit's gathered parameters from its forward to its
@@ -410,7 +400,9 @@ def apply_reshard_after_forward(ctx: TrialContext, value: Any) -> None:
     name, keep = "reshard_after_forward", str(value) == "true"
 
     def on_the_modules() -> None:
-        modules = fsdp_modules(ctx.trainer.strategy.model)
+        from tuneup.recording.describe import fsdp_units
+
+        modules = fsdp_units(ctx.trainer.strategy.model)
         if not modules:
             ctx.refused(
                 name,
