@@ -21,30 +21,27 @@ def _of_peak(value: int | None, peak: int | None) -> str:
 
 def _kinds_table(m: MemoryByKind) -> Table:
     peak = m.peak_allocated_bytes
-    rows = [
-        ("Parameters", size_bytes(m.parameters_bytes), size_bytes(m.parameters_unsharded_bytes)),
-        ("Gradients", size_bytes(m.gradients_bytes), MISSING),
-        ("Optimizer state", size_bytes(m.optimizer_state_bytes), MISSING),
-        ("Held in all", size_bytes(m.held_bytes), MISSING),
+    # (kind, held on the rank, whole): the peak's rows only where an allocator kept one.
+    kinds: list[tuple[str, int | None, int | None]] = [
+        ("Parameters", m.parameters_bytes, m.parameters_unsharded_bytes),
+        ("Gradients", m.gradients_bytes, None),
+        ("Optimizer state", m.optimizer_state_bytes, None),
+        ("Held in all", m.held_bytes, None),
     ]
     header = ("Kind", f"Held on rank {m.rank}", "Whole (unsharded)")
     if peak is not None:
         header += ("Share of the peak",)
-        rows = [(*r, _of_peak(v, peak)) for r, v in zip(rows, _held_values(m), strict=True)]
-        rows.append(
-            (
-                "Other at the peak",
-                size_bytes(m.other_at_peak_bytes),
-                MISSING,
-                _of_peak(m.other_at_peak_bytes, peak),
-            )
+        kinds += [("Other at the peak", m.other_at_peak_bytes, None), ("Peak allocated", peak, None)]
+    rows = [
+        (
+            label,
+            size_bytes(held),
+            MISSING if whole is None else size_bytes(whole),
+            *(() if peak is None else (_of_peak(held, peak),)),
         )
-        rows.append(("Peak allocated", size_bytes(peak), MISSING, share(1.0)))
+        for label, held, whole in kinds
+    ]
     return table("Memory by kind", header, rows, numeric=range(1, len(header)))
-
-
-def _held_values(m: MemoryByKind) -> tuple[int | None, ...]:
-    return (m.parameters_bytes, m.gradients_bytes, m.optimizer_state_bytes, m.held_bytes)
 
 
 def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
