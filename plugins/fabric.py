@@ -25,6 +25,10 @@ this one Fabric object (never its class) and registers torch's optimizer step po
   timed by a comm hook; the comm probe is installed before Fabric wraps the model;
 - `fabric.save`: no step's time, recorded as a checkpoint in the job timeline;
 - `fabric.barrier`, `broadcast`, `all_reduce`, `all_gather`: the loop's own collectives, sync.
+- `fabric.log_dict` (and `fabric.log`, which calls it): the metrics the loop logs, recorded with source
+  "log" at the optimizer steps done so far (the loop's own `step=` is its loggers' axis, whatever it counts),
+  read without blocking (tuneup.recording.logged_metrics). `recorder.log_metrics({...})` records metrics
+  the loop does not hand to Fabric's loggers (a validation loss it computes itself).
 
 Not seen, so not recorded rather than guessed: batches of a loader Fabric did not set up (pass it through
 `recorder.loader(...)`), a backward the loop runs itself (`loss.backward()`: its time is forward's), how
@@ -40,7 +44,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +153,17 @@ class FabricRecorder:
         for name in _SYNC_METHODS:
             self._wrap(name, before=session.sync_start, finally_=session.sync_end)
         self._wrap("save", before=session.checkpoint_start, finally_=session.checkpoint_end)
+        original_log_dict = getattr(fabric, "log_dict", None)
+        if original_log_dict is not None:
+
+            @functools.wraps(original_log_dict)
+            def log_dict(metrics: Any, *args: Any, **kwargs: Any) -> Any:
+                if isinstance(metrics, Mapping):
+                    self.log_metrics(metrics)
+                return original_log_dict(metrics, *args, **kwargs)
+
+            self._originals["log_dict"] = original_log_dict
+            fabric.log_dict = log_dict
         atexit.register(self._close_at_exit)
 
     def _wrap(
@@ -300,6 +315,19 @@ class FabricRecorder:
             session.end(exc)
         finally:
             self._uninstall()
+
+    def log_metrics(
+        self, values: Mapping[str, Any], step: int | None = None, epoch: int | None = None
+    ) -> None:
+        """Record metrics the loop computed (name -> a number or a scalar tensor, on any device; read
+        without blocking), at `step` (default: the optimizer steps done so far) and `epoch` (default: the
+        training loader's passes started, less one). Between the training loader's first batch and
+        `close`; a no-op elsewhere."""
+        if step is None:
+            step = self._optimizer_steps
+        if epoch is None and self._epochs:
+            epoch = self._epochs - 1
+        self.session.log_metrics(values, "log", step, epoch)
 
     # -- per batch ------------------------------------------------------------------------------------
 

@@ -21,6 +21,12 @@ and autograd mark the micro-batches inside it:
   every rank) is sync, up to `on_log`; evaluation and checkpoint saves belong to no step, and are
   recorded in the job timeline (up to `on_evaluate`, `on_save`).
 
+The metrics the Trainer logs are recorded as it logged them (it has reduced them across ranks, and made
+them numbers, by then): each training log of `on_log` (the loss, the gradient norm, the learning rate) with
+source "train", and the `eval_*` metrics of `on_evaluate` with source "validation"; step: the Trainer's
+`global_step`. The training's closing summary (`train_runtime`, ...) is not a metric of a step, and is left
+out.
+
 What the Trainer hides: where fetching batches starts and ends. It fetches all the micro-batches of an
 optimizer step at once, before `on_step_begin`, with no event around it, so data is the gap between the
 previous step's end and the next micro-batch's forward (the fetches, the Trainer's input preparation, the
@@ -288,12 +294,38 @@ class TuneupTrainerCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._done("log")
+        logs = kwargs.get("logs")
+        # The evaluation's own metrics come whole at on_evaluate; the closing summary is no step's.
+        if isinstance(logs, dict) and not any(k in logs for k in _SUMMARY_KEYS):
+            training = {k: v for k, v in logs.items() if not k.startswith(_EVAL_PREFIX)}
+            if training:
+                self.session.log_metrics(training, "train", int(state.global_step), _epoch(state))
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._done("evaluate")
+        metrics = kwargs.get("metrics")
+        if isinstance(metrics, dict):
+            evaluated = {
+                k: v for k, v in metrics.items() if k.startswith(_EVAL_PREFIX) and k not in _EVAL_TIMING
+            }
+            if evaluated:
+                self.session.log_metrics(evaluated, "validation", int(state.global_step), _epoch(state))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._done("save")
+
+
+# The keys of the Trainer's closing log (`train_runtime`, ...), a summary of the training, not a step's metric.
+_SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+_EVAL_PREFIX = "eval_"
+# Timings of the evaluation loop, not metrics of the model.
+_EVAL_TIMING = frozenset({"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"})
+
+
+def _epoch(state: Any) -> int | None:
+    """The Trainer's epoch (a fraction: the share of epochs done) as the whole epoch under way."""
+    epoch = getattr(state, "epoch", None)
+    return int(epoch) if isinstance(epoch, (int, float)) else None
 
 
 def _queue_at_backward_end(callback: Any) -> None:

@@ -10,6 +10,7 @@
                 optimizer.step()
                 optimizer.zero_grad()
             run.step(loss=loss)                       # the training step ends
+        run.log_metrics({"val_loss": val_loss})       # metrics the loop computed (optional, any time)
 
 A step is whatever runs between two `run.step()` calls. Gradient accumulation: several forward and
 backward phases before one `run.step()` (each forward starts a micro-batch). The loop tells tuneup only
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -221,6 +222,15 @@ class TrackedLoop:
     def event(self, kind: str, **fields: Any) -> None:
         """An event of the loop's own in the record (JSON-ready fields)."""
         self.session.event(kind, **fields)
+
+    def log_metrics(
+        self, values: Mapping[str, Any], step: int | None = None, epoch: int | None = None
+    ) -> None:
+        """Record metrics the loop computed (name -> a number or a scalar tensor, on any device: a tensor
+        is read later, off the training thread, without blocking), at `step` (default: the steps done,
+        `run.step()` calls so far) and `epoch` (default: unknown). With `track(target="val_loss<=2.1")` the
+        first value that meets the target is recorded as reached."""
+        self.session.log_metrics(values, "log", step, epoch)
 
 
 def track(

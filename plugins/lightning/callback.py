@@ -12,6 +12,13 @@ training step. `setup` agrees on the run directory across ranks (one broadcast, 
 close it, whichever comes first. The fit's own times (setup, sanity check, validation, saves, teardown) are
 recorded for the job timeline.
 
+The metrics the training logs are recorded as Lightning reduced them, at no extra synchronization: at
+each validation's end (not the sanity check's), the entries of the trainer's callback metrics that the
+validation set (source "validation"); during training, what Lightning hands its loggers at its logging
+interval and at an epoch's end (`trainer_taps`: source "train"). Both are read from Lightning's own dicts,
+never through `trainer.callback_metrics`, whose every read converts the progress bar's values to numbers
+(a device synchronization on a GPU). Step: `trainer.global_step`.
+
 Every hook is guarded: if tuneup itself fails, it warns once, stops recording, and training goes on.
 """
 
@@ -39,6 +46,7 @@ from tuneup.plugins.lightning.trial import TrialControl, trial_run_dir
 from tuneup.record.writer import RecordingPolicy
 from tuneup.recording import RecordingSession, TrainerRanks
 from tuneup.recording.policies import KEYWORD_POLICY, PricingPolicy, ProfilingPolicy, keywords_beside
+from tuneup.target import Target
 from tuneup.tune.protocol import ENV_TRIAL, TrialSpec
 
 
@@ -105,6 +113,12 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         recording, profiling, pricing: a policy whole (``recording=RecordingPolicy(flush_every_steps=10)``),
             instead of its keywords above; a keyword left at its default defers to it, and one set beside
             its policy raises ValueError, naming both.
+        target: a quality target on a metric the training logs, ``"val_acc>=0.9"`` or
+            ``"val_loss<=2.1"`` (or a ``tuneup.target.Target``), checked now (one that cannot be read raises
+            ValueError). When a recorded value first meets it, rank 0 logs the step and the time since the
+            fit started, and the record holds a ``target_reached`` event; the manifest keeps the target, the
+            default of ``tuneup report --target``. The run goes on: stopping is the trainer's choice
+            (``EarlyStopping(stopping_threshold=...)``).
 
     Without ``instance`` or ``price_per_hour``, the environment may price the run: ``TUNEUP_INSTANCE``
     (with ``TUNEUP_SPOT=1``, ``TUNEUP_CATALOG``) or ``TUNEUP_PRICE_PER_HOUR`` (with ``TUNEUP_PRICE_PER``).
@@ -145,6 +159,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         recording: RecordingPolicy | None = None,
         profiling: ProfilingPolicy | None = None,
         pricing: PricingPolicy | None = None,
+        target: str | Target | None = None,
     ) -> None:
         super().__init__()
         for name, fn in (("batch_size_fn", batch_size_fn), ("tokens_fn", tokens_fn)):
@@ -155,7 +170,13 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         keywords = {k: v for k, v in locals().items() if k in KEYWORD_POLICY}
         options = keywords_beside(keywords, recording, profiling, pricing)
         self._session = RecordingSession(
-            dirpath, recording=recording, profiling=profiling, pricing=pricing, owner=OWNER, **options
+            dirpath,
+            recording=recording,
+            profiling=profiling,
+            pricing=pricing,
+            owner=OWNER,
+            target=target,
+            **options,
         )
         self.counter = BatchCounter(batch_size_fn, tokens_fn)
         self.log_to_trainer = bool(log_to_trainer)
@@ -167,6 +188,8 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._automatic_optimization = True
         self._sanity_started: float | None = None
         self._validation_started: float | None = None
+        # The trainer's callback metrics as the validation found them: what it changed is its own.
+        self._metrics_before_validation: dict[str, Any] | None = None
 
     @property
     def run_dir(self) -> Path | None:
@@ -180,6 +203,11 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
     @property
     def policy(self) -> RecordingPolicy:
         return self._session.recording
+
+    @property
+    def target(self) -> Target | None:
+        """The run's quality target (``target=``), read; None where none was given."""
+        return self._session.target
 
     @property
     def price(self) -> PriceChoice | None:
@@ -295,9 +323,22 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             on_optimizer_step_end=clock.after_optimizer,
             on_fetch_start=clock.fetch_start,
             on_fetch_end=clock.fetch_end,
+            on_logged_metrics=functools.partial(self._training_metrics_logged, trainer),
         )
         taps.install(trainer)
+        if not taps.logged_metrics_tapped:
+            warn_once(
+                "logged-metrics-tap",
+                "this Lightning has no logger connector tuneup knows: the metrics logged during training are "
+                "not recorded (those of validation still are)",
+            )
         return taps.remove
+
+    def _training_metrics_logged(self, trainer: Any, metrics: Any) -> None:
+        """Lightning hands `metrics` to its loggers (trainer_taps): during training, record them. The
+        validation's own are read at its end, with those not logged (``self.log(..., logger=False)``)."""
+        if trainer.training:
+            self._session.log_metrics(metrics, "train", trainer.global_step, trainer.current_epoch)
 
     # -- per micro-batch: one session call each, nothing more (the session takes the marks) ---------
 
@@ -370,12 +411,22 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         if not trainer.sanity_checking and self._session.clock is not None:
             # Validation is part of no training step: the job timeline counts it on its own.
             self._validation_started = self._session.exclude_start()
+            metrics = _callback_metrics(trainer)
+            self._metrics_before_validation = dict(metrics) if metrics is not None else None
 
     @_guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         started, self._validation_started = self._validation_started, None
         if started is not None:
             self._session.exclude_end("validation", started, step=self._session.steps_done)
+        before, self._metrics_before_validation = self._metrics_before_validation, None
+        metrics = _callback_metrics(trainer)
+        if before is not None and metrics is not None:
+            # Lightning stores each reduced value as a new tensor: the entries this validation set are those
+            # whose value is not the one found at its start (the training's stay as they were).
+            changed = {name: value for name, value in metrics.items() if before.get(name) is not value}
+            if changed:
+                self._session.log_metrics(changed, "validation", trainer.global_step, trainer.current_epoch)
 
     @_guarded
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
@@ -417,3 +468,17 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         self._taps = None
         if not session.disabled:
             self._log_to_trainer()
+
+
+def _callback_metrics(trainer: Any) -> dict[str, Any] | None:
+    """The trainer's callback metrics as Lightning stored them (its logger connector's dict), without the
+    conversion `trainer.callback_metrics` runs on every read; None where this Lightning has no such dict."""
+    metrics = getattr(getattr(trainer, "_logger_connector", None), "_callback_metrics", None)
+    if isinstance(metrics, dict):
+        return metrics
+    warn_once(
+        "callback-metrics",
+        "this Lightning keeps its callback metrics where tuneup does not look: validation metrics are not "
+        "recorded",
+    )
+    return None

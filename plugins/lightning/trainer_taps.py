@@ -14,6 +14,12 @@
   Why not the profiler calls Lightning makes for the same two actions: the profiler is called
   for every hook of every callback, about 30 times a step, and a Python wrapper on it cost more than
   all of tuneup's hooks together (30 us a step at ~2 ms steps). These wrappers run twice a step each.
+- The metrics the training logs, as Lightning hands them to its loggers: the logger connector's
+  `log_metrics(metrics)`, which Lightning calls at its logging interval (`log_every_n_steps`, from
+  `update_train_step_metrics`, after the batch's `on_train_batch_end`: a callback's `on_train_batch_end`
+  still sees the previous logging's values), at a training epoch's end, and at a validation's end, with
+  the values it has already reduced (`sync_dist` included), whether or not the trainer has a logger. It runs
+  only when Lightning logs: nothing per batch.
 
 Wrappers are instance attributes (the class is untouched, other trainers are not affected) and are
 removed at the end of the fit. A wrapper never lets tuneup's own failure reach the trainer: the marks are
@@ -26,13 +32,15 @@ a microsecond.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Strategy methods that are collectives the trainer issues between batches (and at epoch ends).
 STRATEGY_SYNC_METHODS = ("barrier", "broadcast", "reduce_boolean_decision")
 # The training epoch loop's calls around each batch fetch (the data fetcher's `_start_profiler`/`_stop_profiler`).
 FETCH_START_METHOD, FETCH_END_METHOD = "_on_before_fetch", "_on_after_fetch"
+# The logger connector's call that hands the reduced metrics to the loggers (Lightning 2.x).
+LOG_METRICS_METHOD = "log_metrics"
 
 
 def _nothing() -> None:
@@ -78,8 +86,10 @@ class TrainerTaps:
         on_optimizer_step_end: Callable[[], None],
         on_fetch_start: Callable[[], None],
         on_fetch_end: Callable[[], None],
+        on_logged_metrics: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
         self._on_error = on_error
+        self._on_logged_metrics = on_logged_metrics
         self._fetch = (on_fetch_start, on_fetch_end)
         self._sync = (on_sync_start, on_sync_end)
         self._save = (on_save_start, on_save_end)
@@ -91,6 +101,7 @@ class TrainerTaps:
         # False where this Lightning has no such methods: the step clock then counts the whole gap between
         # batches as data (and the run's info says so).
         self.fetches_tapped = False
+        self.logged_metrics_tapped = False
 
     def install(self, trainer: Any) -> None:
         strategy = getattr(trainer, "strategy", None)
@@ -100,6 +111,9 @@ class TrainerTaps:
         self.sigterm_broadcast_tapped = self._wrap(epoch_loop, "_broadcast_sigterm_tensor", *self._sync)
         self._wrap(trainer, "save_checkpoint", *self._save)
         self.fetches_tapped = self._tap_fetches(trainer, epoch_loop, strategy, *self._fetch)
+        if self._on_logged_metrics is not None:
+            connector = getattr(trainer, "_logger_connector", None)
+            self.logged_metrics_tapped = self._tap_logged_metrics(connector, self._on_logged_metrics)
         step_end, on_error = self._step_end, self._on_error
 
         def after_step(*_: Any) -> None:
@@ -128,6 +142,29 @@ class TrainerTaps:
         self._wrap(epoch_loop, FETCH_END_METHOD, _nothing, end)
         if _copies_or_prepares(trainer, strategy):
             self._wrap(strategy, "batch_to_device", start, end)
+        return True
+
+    def _tap_logged_metrics(self, connector: Any, seen: Callable[[Mapping[str, Any]], None]) -> bool:
+        """`seen(metrics)` before the logger connector hands `metrics` to the loggers."""
+        original = getattr(connector, LOG_METRICS_METHOD, None) if connector is not None else None
+        if original is None or not callable(original):
+            return False
+        on_error = self._on_error
+
+        @functools.wraps(original)
+        def log_metrics(metrics: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                if metrics:
+                    seen(metrics)
+            except Exception as exc:
+                on_error(exc)
+            return original(metrics, *args, **kwargs)
+
+        try:
+            setattr(connector, LOG_METRICS_METHOD, log_metrics)
+        except (AttributeError, TypeError):
+            return False
+        self._patched.append((connector, LOG_METRICS_METHOD, log_metrics))
         return True
 
     def _wrap(self, obj: Any, name: str, before: Callable[[], None], after: Callable[[], None]) -> bool:

@@ -26,6 +26,8 @@ from tuneup.record.schema import (
     FSDP_WAIT_FIELDS,
     INFO_FILE,
     MANIFEST_FILE,
+    METRIC_SOURCES,
+    METRICS_FILE,
     OPERATORS_FILE,
     PHASES,
     RANK_DIR_PREFIX,
@@ -35,6 +37,7 @@ from tuneup.record.schema import (
     WINDOWS_FILE,
     CollectiveRecord,
     Manifest,
+    MetricRecord,
     RankInfo,
     RankRecord,
     Run,
@@ -736,6 +739,34 @@ def _checked_collective(obj: dict[str, Any]) -> CollectiveRecord:
     return _non_negative(record, ("bytes", "duration_ms"))
 
 
+_NONFINITE_VALUES = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _metric(obj: dict[str, Any]) -> MetricRecord:
+    """A metrics.jsonl line; a null value is the non-finite one its `nonfinite` names (the writer's form),
+    and a line with neither a number nor a known `nonfinite` is damaged."""
+    name, source = obj["name"], obj["source"]
+    if type(name) is not str or not name or source not in METRIC_SOURCES:
+        raise ValueError("name" if type(name) is not str or not name else "source")
+    value = obj.get("value")
+    if value is None:
+        value = _NONFINITE_VALUES[obj.get("nonfinite")]  # KeyError: neither a value nor a known kind
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("value")
+    epoch, samples = _opt_int(obj, "epoch"), _opt_int(obj, "samples")
+    if samples is not None and samples < 0:
+        raise ValueError("samples")
+    return MetricRecord(
+        name=name,
+        value=float(value),
+        step=int(_num(obj, "step")),
+        t=_num(obj, "t"),
+        source=source,
+        epoch=epoch,
+        samples=samples,
+    )
+
+
 def _window_stats(stats: dict[str, Any]) -> dict[str, float]:
     # A statistic that is not a number is left out, as a metric with no values is.
     if _NUMBER.issuperset(map(type, stats.values())):
@@ -816,6 +847,7 @@ def _load_rank(run_dir: Path, rank: int, warnings: list[str]) -> RankRecord:
     telemetry = [obj for _, obj in _jsonl(rank_dir / TELEMETRY_FILE, warnings)]
     events = [obj for _, obj in _jsonl(rank_dir / EVENTS_FILE, warnings)]
     collectives = _typed(rank_dir / COLLECTIVES_FILE, warnings, _collective, "collective")
+    metrics = _typed(rank_dir / METRICS_FILE, warnings, _metric, "logged metric")
     operators = _operators(rank, rank_dir / OPERATORS_FILE, warnings)
     if not info.closed:
         last = steps[-1].step if steps else None
@@ -830,6 +862,7 @@ def _load_rank(run_dir: Path, rank: int, warnings: list[str]) -> RankRecord:
         telemetry=telemetry,
         events=events,
         collectives=collectives,
+        metrics=metrics,
         operators=operators,
     )
 

@@ -9,6 +9,8 @@ Layout of a run directory::
     rank-<r>/telemetry.jsonl   one line per telemetry tick (process, system, GPUs)
     rank-<r>/events.jsonl      things that happen between steps (validation, checkpoints, warnings)
     rank-<r>/collectives.jsonl one line per timed collective (gradient buckets, FSDP gathers, probes)
+    rank-<r>/metrics.jsonl     one line per value of a metric the training logged (val_loss, val_acc, the
+                               training loss at the logging interval), as the trainer reduced it
     rank-<r>/operators.json    only when profiling was asked for: each phase's top operators over the
                                profiled steps (tuneup.collect.profiler writes it, once)
     rank-<r>/trace.json        the same steps' Chrome trace from torch.profiler (Perfetto, chrome://tracing)
@@ -35,6 +37,7 @@ WINDOWS_FILE = "windows.jsonl"
 TELEMETRY_FILE = "telemetry.jsonl"
 EVENTS_FILE = "events.jsonl"
 COLLECTIVES_FILE = "collectives.jsonl"
+METRICS_FILE = "metrics.jsonl"
 OPERATORS_FILE = "operators.json"
 TRACE_FILE = "trace.json"
 
@@ -197,6 +200,29 @@ class CollectiveRecord:
     scope: str | None = None  # "node" or "cross_node" where a strategy's subgroup was used; None: all ranks
 
 
+# Where a logged metric's value was read (MetricRecord.source): at the end of a validation run, at the
+# trainer's logging interval during training, or handed over by an adapter's own call (a plain loop, Fabric).
+METRIC_SOURCES = ("validation", "train", "log")
+
+
+@dataclass(slots=True)
+class MetricRecord:
+    """One value of a metric the training logged (tuneup reads it; it computes none), on one rank.
+
+    `value` is a float in memory and may be NaN or infinite (a diverged loss): on disk such a value is
+    written as null with `nonfinite` set to "nan", "inf" or "-inf", and the reader gives the float back.
+    """
+
+    name: str
+    value: float
+    step: int  # optimizer steps completed when it was read (Lightning's global_step)
+    t: float  # unix seconds when it was read
+    source: str  # one of METRIC_SOURCES
+    epoch: int | None = None
+    # This rank's samples trained on up to `step` (its steps' `samples` summed), where samples were counted.
+    samples: int | None = None
+
+
 @dataclass(slots=True)
 class WindowAggregate:
     """Statistics of every step metric over a window of consecutive steps of one rank."""
@@ -240,6 +266,7 @@ class RankRecord:
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)
+    metrics: list[MetricRecord] = field(default_factory=list)
     # operators.json as written (tuneup.collect.profiler), where this rank profiled steps; else None.
     operators: dict[str, Any] | None = None
 

@@ -30,12 +30,14 @@ from tuneup.record.schema import (
     EVENTS_FILE,
     INFO_FILE,
     MANIFEST_FILE,
+    METRICS_FILE,
     SCHEMA_VERSION,
     STEP_METRICS,
     STEPS_FILE,
     TELEMETRY_FILE,
     WINDOWS_FILE,
     CollectiveRecord,
+    MetricRecord,
     StepRecord,
     rank_dir_name,
 )
@@ -116,7 +118,8 @@ def _json_default(obj: Any) -> Any:
 
 
 # Fields kept to significant digits rather than to microseconds: a loss of 1e-5 must not round to 0.
-_SIGNIFICANT = frozenset({"loss", "grad_norm", "gns_small_sq", "gns_big_sq"})
+# "value" and "target": a logged metric's, in an event (target_reached).
+_SIGNIFICANT = frozenset({"loss", "grad_norm", "gns_small_sq", "gns_big_sq", "value", "target"})
 
 
 def _clean(key: str, value: Any) -> Any:
@@ -235,6 +238,105 @@ class _Window:
         }
 
 
+# How many values of the metrics the training logged (metrics.jsonl) a rank keeps, so that a long run's
+# record stays small: see MetricBound.
+METRIC_NAMES_MAX = 64
+VALIDATION_VALUES_MAX = 10_000
+DENSE_VALUES = 2_000
+THINNING_BLOCK = 1_000
+_NONFINITE = {math.inf: "inf", -math.inf: "-inf"}
+_NAMES_DROPPED_LISTED = 20  # the rank's info lists this many of the names dropped, then counts values
+
+
+class MetricBound:
+    """Which logged metric values a rank keeps (the writer's thread decides; `keeps` is called in order).
+
+    - At most `METRIC_NAMES_MAX` (64) names per run: the values of a 65th name and later are dropped, with
+      one warning naming the first one dropped (`names_dropped` lists them for the rank's info).
+    - Validation values (`source == "validation"`): every one, up to `VALIDATION_VALUES_MAX` (10,000) per
+      name; past that, dropped with one warning. Validation comes every few hundred steps at most: a run
+      that validates 10,000 times is long beyond any other part of the record.
+    - Values read during training (`"train"`, at the trainer's logging interval) and handed over by an
+      adapter's own call (`"log"`), per name: the first `DENSE_VALUES` (2,000) all kept, then every 2nd
+      up to the 4,000th, every 4th up to the 8,000th, every 8th up to the 16,000th...: each doubling of
+      the values offered adds `THINNING_BLOCK` (1,000) kept. A name logged at every one of 1,000,000 steps
+      keeps about 11,000 values, one logged every 50 steps of that run about 5,300 (a few hundred KB).
+      The values kept are a function of how many were offered, so every rank keeps the same steps.
+    - The first non-finite value (NaN, inf) of each name is kept whatever the thinning: divergence must
+      show.
+    """
+
+    __slots__ = ("_nonfinite_seen", "_offered", "names_dropped", "validation_capped", "values_dropped")
+
+    def __init__(self) -> None:
+        self._offered: dict[str, list[int]] = {}  # name -> [validation values offered, others offered]
+        self._nonfinite_seen: set[str] = set()
+        self.names_dropped: list[str] = []  # the first few names past the limit, in the order met
+        self.values_dropped = 0  # values of names past the limit
+        self.validation_capped: set[str] = set()
+
+    def keeps(self, name: str, source: str, value: float) -> bool:
+        counts = self._offered.get(name)
+        if counts is None:
+            if len(self._offered) >= METRIC_NAMES_MAX:
+                if not self.names_dropped:
+                    warn_once(
+                        "metrics-names",
+                        f"the training logs more than {METRIC_NAMES_MAX} metrics: tuneup records the first "
+                        f"{METRIC_NAMES_MAX} and drops the others, first {name!r}",
+                    )
+                if len(self.names_dropped) < _NAMES_DROPPED_LISTED and name not in self.names_dropped:
+                    self.names_dropped.append(name)
+                self.values_dropped += 1
+                return False
+            counts = self._offered[name] = [0, 0]
+        first_nonfinite = not math.isfinite(value) and name not in self._nonfinite_seen
+        if first_nonfinite:
+            self._nonfinite_seen.add(name)
+        if source == "validation":
+            index = counts[0]
+            counts[0] += 1
+            if index < VALIDATION_VALUES_MAX:
+                return True
+            if name not in self.validation_capped:
+                self.validation_capped.add(name)
+                warn_once(
+                    f"metrics-validation-cap:{name}",
+                    f"{name!r} was validated {VALIDATION_VALUES_MAX} times: tuneup records no more of its "
+                    "validation values",
+                )
+            return first_nonfinite
+        index = counts[1]
+        counts[1] += 1
+        return index % thinning_stride(index) == 0 or first_nonfinite
+
+
+def thinning_stride(index: int) -> int:
+    """Of the training values of a name, the `index`-th (from 0) is kept where it is a multiple of this:
+    1 below DENSE_VALUES, then 2, 4, 8... doubling with each doubling of `index` (MetricBound)."""
+    if index < DENSE_VALUES:
+        return 1
+    return 1 << ((index // THINNING_BLOCK).bit_length() - 1)
+
+
+def metric_line(record: MetricRecord) -> str:
+    """A metric's line: its value at full precision (a float's shortest exact form), a non-finite one as
+    null with `nonfinite` "nan", "inf" or "-inf" (JSON has none of them); epoch and samples where known."""
+    value = record.value
+    line: dict[str, Any] = {"name": record.name, "step": record.step, "t": round(record.t, 3)}
+    if math.isfinite(value):
+        line["value"] = value
+    else:
+        line["value"] = None
+        line["nonfinite"] = _NONFINITE.get(value, "nan")
+    line["source"] = record.source
+    if record.epoch is not None:
+        line["epoch"] = record.epoch
+    if record.samples is not None:
+        line["samples"] = record.samples
+    return json.dumps(line, separators=(",", ":")) + "\n"
+
+
 class _Stream:
     """One append-only JSON-lines file with an in-memory buffer of whole lines.
 
@@ -313,6 +415,8 @@ class RankWriter:
         self._events = _Stream(self.dir / EVENTS_FILE, "events")
         self._telemetry = _Stream(self.dir / TELEMETRY_FILE, "telemetry")
         self._collectives = _Stream(self.dir / COLLECTIVES_FILE, "collectives")
+        self._metrics = _Stream(self.dir / METRICS_FILE, "logged metrics")
+        self.metric_bound = MetricBound()
         self._last_flush = time.monotonic()
         self._last_telemetry_flush = time.monotonic()
         self._steps_since_flush = 0
@@ -367,6 +471,7 @@ class RankWriter:
             steps_seen=self.steps_seen,
             steps_kept=self.steps_kept,
             dropped=dropped,
+            **self._metric_bound_info(),
         )
         try:
             write_json_atomic(self.dir / INFO_FILE, self._info)
@@ -428,7 +533,26 @@ class RankWriter:
 
     @property
     def _streams(self) -> tuple[_Stream, ...]:
-        return (self._steps, self._windows, self._events, self._telemetry, self._collectives)
+        return (self._steps, self._windows, self._events, self._telemetry, self._collectives, self._metrics)
+
+    def add_metric(self, record: MetricRecord) -> bool:
+        """One value of a metric the training logged, where the bound keeps it (`MetricBound`); True if
+        kept. Written with the next flush. From one thread at a time (the session's drainer)."""
+        if not self.metric_bound.keeps(record.name, record.source, record.value):
+            return False
+        self._metrics.append(metric_line(record))
+        return True
+
+    def _metric_bound_info(self) -> dict[str, Any]:
+        """For info.json: the metric names dropped past the bound and those whose validation values were
+        capped, where any were."""
+        bound, out = self.metric_bound, {}
+        if bound.names_dropped:
+            out["metric_names_dropped"] = list(bound.names_dropped)
+            out["metric_values_dropped"] = bound.values_dropped
+        if bound.validation_capped:
+            out["metric_validation_capped"] = sorted(bound.validation_capped)
+        return out
 
     def add_collective(self, record: CollectiveRecord | Mapping[str, Any]) -> None:
         """One timed collective (a CollectiveRecord, or a mapping of its fields); written with the next
@@ -452,6 +576,7 @@ class RankWriter:
         self._windows.flush()
         self._events.flush()
         self._collectives.flush()
+        self._metrics.flush()
         self._steps_since_flush = 0
         self._last_flush = time.monotonic()
         if self.after_flush is not None:

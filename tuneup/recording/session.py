@@ -14,7 +14,8 @@ into a few calls, in this order:
         (the step closes where optimizer_steps moved; or `end_step()`); `idle()` after an explicit phase
         end; `mark(name)` for any of them by name
     between steps: restart / epoch_start, exclude_start/exclude_end (validation), checkpoint_start/_end,
-        sync_start/sync_end, event(kind, **fields), timed_event(kind, started_unix), watch_ddp(model)
+        sync_start/sync_end, event(kind, **fields), timed_event(kind, started_unix), watch_ddp(model),
+        log_metrics(values, source, step) (the metrics the training logged, where the trainer reduced them)
     session.close(status, stop_reason)        # the record closes (first call wins)
     session.finish()                          # after the trainer's own teardown: the fit's end, the upload
 
@@ -30,7 +31,7 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -41,13 +42,21 @@ from tuneup.collect.environment import redact_value
 from tuneup.collect.flops import MicroBatchFlopCounter
 from tuneup.collect.step_clock import StepClock
 from tuneup.record.remote import Mirror, bounded, is_url, spool_dir
-from tuneup.record.schema import MANIFEST_FILE, STOP_USER_INTERRUPT, RecordedStep, rank_dir_name
+from tuneup.record.schema import (
+    MANIFEST_FILE,
+    METRIC_SOURCES,
+    STOP_USER_INTERRUPT,
+    MetricRecord,
+    RecordedStep,
+    rank_dir_name,
+)
 from tuneup.record.segments import elastic_identity, existing_manifest, next_segment_index, segment_dir
 from tuneup.record.writer import RankWriter, RecordingPolicy, write_manifest
 from tuneup.recording import device as dev
 from tuneup.recording.facts import TrainingFacts
 from tuneup.recording.handoff import RunDirHandoff
 from tuneup.recording.headline import HeadlineMetrics, Metrics
+from tuneup.recording.logged_metrics import LoggedMetrics
 from tuneup.recording.manifest import build_manifest
 from tuneup.recording.memory_kinds import memory_by_kind
 from tuneup.recording.mirror import start_mirror
@@ -71,6 +80,7 @@ from tuneup.recording.run_dir import (
     warn_if_not_shared,
 )
 from tuneup.recording.telemetry import start_sampler
+from tuneup.target import Target, TargetError, parse_target
 
 # torch.cuda.max_memory_allocated builds the allocator's whole statistics dict (tens of microseconds):
 # read it every this many steps. The peak is never reset, so carrying it forward loses nothing but lag.
@@ -116,6 +126,11 @@ class RecordingSession:
             overwritten: ``-1``, ``-2``... is appended.
         recording, profiling, pricing: the policies (tuneup.recording.policies); defaults where None.
         owner: the name errors and warnings give the user (``"TuneupCallback"``).
+        target: the run's quality target on a metric the training logs (``"val_acc>=0.9"``, or a
+            `tuneup.target.Target`): recorded in the manifest (``recording.target``, the default target of
+            ``tuneup report``), and when a recorded value first meets it, rank 0 says so in one line and
+            each rank records a ``target_reached`` event (metric, value, step, elapsed_s). Checked now: a
+            target that cannot be read raises ValueError.
         keywords: the policies' fields by their own names instead (``flush_every_steps=``, ``timing=``,
             ``instance=``...: TuneupCallback's keywords), for a policy not given whole; a keyword of a
             policy that is given too raises ValueError, naming both.
@@ -131,10 +146,12 @@ class RecordingSession:
         profiling: ProfilingPolicy | None = None,
         pricing: PricingPolicy | None = None,
         owner: str = "RecordingSession",
+        target: Target | str | None = None,
         **keywords: Any,
     ) -> None:
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
             raise TypeError(f"{owner}(dirpath=...) must be a path or None, got {type(dirpath).__name__}")
+        self.target = _checked_target(owner, target)
         given = {RecordingPolicy: recording, ProfilingPolicy: profiling, PricingPolicy: pricing}
         for cls, policy in given.items():
             if policy is not None and not isinstance(policy, cls):
@@ -176,6 +193,10 @@ class RecordingSession:
         self.comm: CommProbe | None = None
         self._sampler: Any = None
         self._drainer: Drainer | None = None
+        self._metrics: LoggedMetrics | None = None
+        # This rank's samples trained in the steps closed so far (the step clock's counts summed); None
+        # where a step's were not counted, or where the record did not start at step 0 (a resumed fit).
+        self._samples_done: int | None = None
         self._mirror: Mirror | None = None
         self._url: str | None = None  # the run directory, where it is on object storage
         self._profiler: Any = None
@@ -394,6 +415,8 @@ class RecordingSession:
         for kind, fields in self._pending_events:
             writer.add_event(kind, **fields)
         self._pending_events = []
+        self._metrics = LoggedMetrics(writer.add_metric, self.target, self._target_reached)
+        self._samples_done = 0 if self.steps_done == 0 else None
         if self.rank == 0:
             self._write_manifest(facts, timer.kind)
         if self._url is not None and self.run_dir is not None:
@@ -420,7 +443,7 @@ class RecordingSession:
             )
         clock = self.clock
         self._drainer = Drainer(
-            lambda pause: clock.drain(pause=pause),
+            lambda pause: self._drain(clock, pause),
             interval_s=self.recording.flush_every_s,
             on_error=self._drainer_failed,
             thread_init=dev.cuda_thread_init(self._device),
@@ -488,6 +511,8 @@ class RecordingSession:
             timing=timing,
             tune_trial=facts.tune_trial,
         )
+        if self.target is not None:
+            manifest["recording"]["target"] = str(self.target)  # the default target of `tuneup report`
         try:
             write_manifest(self.run_dir, manifest)  # type: ignore[arg-type]
         except OSError as exc:
@@ -639,6 +664,78 @@ class RecordingSession:
         duration_ms = (time.time() - started_unix) * 1000.0
         self.event(kind, t_start=round(started_unix, 3), duration_ms=round(duration_ms, 3), **fields)
 
+    # -- the metrics the training logged ---------------------------------------------------------------
+
+    def log_metrics(
+        self,
+        values: Mapping[str, Any],
+        source: str = "log",
+        step: int | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        """Record the metrics the training logged (name -> a number or a scalar tensor, on any device), as
+        the trainer reduced them: `source` is where they were read ("validation": a validation's end;
+        "train": the trainer's logging interval; "log": the adapter's own call), `step` the optimizer steps
+        done (default: the training steps closed so far), `epoch` the epoch where the adapter knows it.
+        Reads no device tensor's value here (tuneup.recording.logged_metrics); a value that is not one
+        number is skipped. Between `start` and `close`; a no-op elsewhere."""
+        if source not in METRIC_SOURCES:  # the adapter's mistake, said at once
+            raise ValueError(f"unknown metric source {source!r}: one of {', '.join(METRIC_SOURCES)}")
+        metrics = self._metrics
+        if metrics is None or self.disabled or self._closed:
+            return
+        try:
+            metrics.take(
+                values,
+                source,
+                self.steps_done if step is None else int(step),
+                None if epoch is None else int(epoch),
+                self._samples_done,
+            )
+        except Exception as exc:
+            # The metrics are an addition to the record: their failure leaves the rest of it recording.
+            warn_once("log-metrics", f"cannot record the logged metrics ({type(exc).__name__}: {exc})")
+
+    def _drain(self, clock: StepClock, pause: Callable[[], None]) -> None:
+        """The drainer's work: the closed steps, then the metric reads whose copies have landed."""
+        clock.drain(pause=pause)
+        self._drain_metrics(force=False)
+
+    def _drain_metrics(self, force: bool) -> None:
+        metrics = self._metrics
+        if metrics is None or not metrics.pending:
+            return
+        try:
+            metrics.drain(force=force)
+        except Exception as exc:
+            self._metrics = None  # the rest of the record goes on without them
+            warn_once(
+                "log-metrics-drain",
+                f"reading the logged metrics failed ({type(exc).__name__}: {exc}); tuneup stops recording "
+                "them, the rest of the record goes on",
+            )
+
+    def _target_reached(self, record: MetricRecord) -> None:
+        """The first recorded value that meets the run's target (the drainer's thread, or the closing one)."""
+        started = self.fit_times.get("fit_start_unix", record.t)
+        elapsed_s = max(0.0, record.t - started)
+        fields = {
+            "metric": record.name,
+            "value": record.value,
+            "step": record.step,
+            "elapsed_s": round(elapsed_s, 3),
+            "target": str(self.target),
+            "source": record.source,
+        }
+        if self._writer is not None:
+            self._writer.add_event("target_reached", **fields)  # the writer's streams are thread-safe
+        if self.rank == 0:
+            info_once(
+                f"target-reached:{id(self)}:{self.run_id}",
+                f"target {self.target} reached at step {record.step}: {record.name}={record.value:.6g}, "
+                f"{_duration(elapsed_s)} after the fit started",
+            )
+
     def _record_sync_events(self) -> None:
         events = self._facts.sync_events
         if events is None or self._writer is None:
@@ -656,6 +753,8 @@ class RecordingSession:
         clock = self.clock
         if clock is not None and not clock.pending and not clock.micro_batches:
             self.steps_done = steps_done
+            if steps_done:
+                self._samples_done = None  # the trainer resumed past step 0: samples before it are unknown
 
     def batch_start(
         self, samples: int | None = None, tokens: int | None = None, at: float | None = None
@@ -818,6 +917,9 @@ class RecordingSession:
             clock.loss = clock.loss / clock.micro_batches
         step = self.steps_done
         self.steps_done += 1
+        if self._samples_done is not None:
+            samples = clock.samples
+            self._samples_done = None if samples is None else self._samples_done + samples
         if self._on_cuda and (step % PEAK_MEMORY_EVERY_STEPS == 0 or self._peak_mem_bytes is None):
             self._peak_mem_bytes = dev.peak_memory_bytes(self._device)
         clock.close_step(
@@ -949,6 +1051,8 @@ class RecordingSession:
                 self._drainer.stop()
             if self.clock is not None and not self.disabled:
                 self.clock.drain(force=True)
+            if not self.disabled:
+                self._drain_metrics(force=True)
         finally:
             self._close_record(writer, status, stop_reason, info)
 
@@ -1036,3 +1140,22 @@ class RecordingSession:
 
 
 _ALL_TIMED = TrainingFacts().phases_timed
+
+
+def _checked_target(owner: str, target: Target | str | None) -> Target | None:
+    """The run's target, read now: a target that cannot be read raises before any training starts."""
+    if target is None or isinstance(target, Target):
+        return target
+    try:
+        return parse_target(target)
+    except TargetError as exc:
+        raise ValueError(f"{owner}(target=...): {exc}") from None
+
+
+def _duration(seconds: float) -> str:
+    """`seconds` as a person reads it: 42.0 s, 12.5 min, 3.20 h."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
