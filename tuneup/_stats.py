@@ -22,6 +22,15 @@ def mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def rate_per_s(count: float | None, wall_ms: float) -> float | None:
+    """`count` per second over `wall_ms` of steps; None where the count is unknown or no time passed. The one
+    definition of a rate: the report's throughput and the loggers' headline figures both take it from here
+    (the recording side imports this module, not the analysis, whose typed model is slow to import)."""
+    if count is None or wall_ms <= 0:
+        return None
+    return count / (wall_ms / 1000.0)
+
+
 def number(value: object) -> float | None:
     """A JSON value as a figure: a finite int or float (not a bool) as a float, anything else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -21,7 +21,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from tuneup._stats import finite, quantile, weighted_quantile
+from tuneup._stats import finite, quantile, rate_per_s, weighted_quantile
 from tuneup.analyze.model import PhaseTime, Quantiles, RankStepTime, RankThroughput, StepTime, Throughput
 from tuneup.analyze.ranks import RankProfile
 from tuneup.record.schema import PHASE_NAMES, PHASES, TUNEUP_PHASE, Run, StepRecord
@@ -73,13 +73,6 @@ def kept_weights(steps: Sequence[StepRecord]) -> list[int]:
         return [1] * len(steps)
     stride = statistics.mode(sampled)
     return [1, *(g if g <= stride else 1 for g in gaps)]
-
-
-def rate_per_s(count: float | None, wall_ms: float) -> float | None:
-    """`count` per second over `wall_ms` of steps; None where the count is unknown or no time passed."""
-    if count is None or wall_ms <= 0:
-        return None
-    return count / (wall_ms / 1000.0)
 
 
 def steps_rates(steps: Sequence[StepRecord]) -> RankThroughput:

@@ -1,5 +1,5 @@
 """The run's headline figures every few steps, for the trainer's own loggers (TensorBoard, W&B...): means
-over the steps since the last log, by the report's definitions (tuneup.analyze.throughput).
+over the steps since the last log, by the report's definitions (tuneup._stats.rate_per_s, as tuneup.analyze.throughput).
 
 The windows are summed on the drainer's thread, where step records are resolved; the adapter hands the
 queued figures to its loggers on the training thread (loggers are not all safe to call from another)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from tuneup.analyze.throughput import rate_per_s
+from tuneup._stats import rate_per_s
 from tuneup.record.schema import StepRecord
 
 Metrics = tuple[int, dict[str, float]]  # (the last step of the window, name -> value)
