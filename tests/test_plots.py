@@ -36,7 +36,15 @@ EXPECTED_SECTIONS = {
     "communication.png": "communication",
     "sync_strategy.png": "sync-strategy",
     "noise_scale.png": "noise-scale",
+    "convergence_steps.png": "convergence",
+    "convergence_hours.png": "convergence",
+    "convergence_samples.png": "convergence",
+    "convergence_usd.png": "convergence",
+    "convergence_ranks.png": "convergence",
 }
+# The fixture reports hold no convergence section (tests/test_convergence.py draws its figures from runs);
+# the recorded run at the end draws convergence_ranks.png from its two ranks' training losses.
+CONVERGENCE_PLOTS = {name for name in EXPECTED_SECTIONS if name.startswith("convergence_")}
 # The fixtures time no collectives; tests/test_report.py checks the communication plot of a real run.
 # The fixture reports predate the job timeline (report.json has no "timeline"): the recorded-run test at
 # the end draws fit_timeline.png.
@@ -47,6 +55,7 @@ ALL_BUT_COMM = set(EXPECTED_SECTIONS) - {
     "fit_timeline.png",
     "noise_scale.png",
     "sync_strategy.png",
+    *CONVERGENCE_PLOTS,
 }
 CPU_PLOTS = ALL_BUT_COMM - {"gpu_utilization.png"}
 PHASE_SHARES = {"data": 0.004, "forward": 0.317, "backward": 0.618, "optimizer": 0.037, "other": 0.024}
@@ -774,7 +783,10 @@ def test_every_figure_of_1024_ranks_on_128_hosts_renders(
     files = render_plots(report, tmp_path)
     # A fixture: no timeline, no gradient norms, no synchronisation strategy.
     check_plot_files(
-        files, tmp_path, set(EXPECTED_SECTIONS) - {"fit_timeline.png", "noise_scale.png", "sync_strategy.png"}
+        files,
+        tmp_path,
+        set(EXPECTED_SECTIONS)
+        - {"fit_timeline.png", "noise_scale.png", "sync_strategy.png", *CONVERGENCE_PLOTS},
     )
     assert plot_warnings(caplog) == []
 
@@ -963,6 +975,6 @@ def test_a_recorded_run_through_analyze_run_renders_every_plot(
     original = copy.deepcopy(report)
     out = tmp_path / "plots"
     files = render_plots(report, out)
-    check_plot_files(files, out, ALL_BUT_COMM | {"fit_timeline.png"})
+    check_plot_files(files, out, ALL_BUT_COMM | {"fit_timeline.png", "convergence_ranks.png"})
     assert report == original, "render_plots must not change the report it draws"
     assert plot_warnings(caplog) == []

@@ -545,6 +545,7 @@ def test_hostile_plot_labels_cost_no_figure(planted: dict[str, Any]) -> None:
     assert planted["plots"] == sorted(
         [
             "communication.png",
+            "convergence_ranks.png",
             "fit_timeline.png",
             "gpu_utilization.png",
             "host_utilization.png",

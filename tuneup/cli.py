@@ -42,17 +42,41 @@ if TYPE_CHECKING:
     from tuneup.catalog import InstanceCatalog
     from tuneup.cost.options import CostOptions
     from tuneup.report import WrittenReport
+    from tuneup.target import Target
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat` or `git log` cut off by `| head`
 
 
-def format_summary(run_dir: str | Path, cost: CostOptions | None = None) -> str:
-    """The headline figures, findings and warnings of a run, for the terminal; `cost` prices it."""
+def format_summary(run_dir: str | Path, cost: CostOptions | None = None, target: Target | None = None) -> str:
+    """The headline figures, findings and warnings of a run, for the terminal; `cost` prices it, `target`
+    adds the time and cost to a quality target."""
     from tuneup.report import analyze
     from tuneup.report.terminal import render_terminal
 
-    return render_terminal(analyze(run_dir, cost))
+    return render_terminal(analyze(run_dir, cost, target))
+
+
+def add_target_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        metavar="METRIC<=VALUE",
+        help="a quality target on a metric the run logged, e.g. 'val_loss<=2.1' or 'val_acc>=0.9': when and "
+        "at what cost the run reached it, or a projection (default: the target the callback recorded)",
+    )
+
+
+def target_option(args: argparse.Namespace) -> Target | None:
+    """--target, parsed; UsageError with TargetError's message for one that cannot be read."""
+    from tuneup.target import TargetError, parse_target
+
+    text = getattr(args, "target", None)
+    if text is None:
+        return None
+    try:
+        return parse_target(text)
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,13 +145,17 @@ def cost_options(args: argparse.Namespace) -> CostOptions | None:
 
 
 def _write_report(
-    run_dir: str | Path, out_dir: Path | None, formats: str, cost: CostOptions | None = None
+    run_dir: str | Path,
+    out_dir: Path | None,
+    formats: str,
+    cost: CostOptions | None = None,
+    target: Target | None = None,
 ) -> int:
     from tuneup.record import RunRecordError
     from tuneup.report import ReportError, write_report
 
     try:
-        written = write_report(run_dir, out_dir, formats, cost)
+        written = write_report(run_dir, out_dir, formats, cost, target)
     except (RunRecordError, ReportError) as exc:
         raise UsageError(str(exc)) from None
     _say_written(written)
@@ -167,11 +195,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if is_tune_dir(Path(args.run_dir)):
         return _write_tune_report(Path(args.run_dir), Path(args.out) if args.out else None, args.format)
+    target = target_option(args)
     return _write_report(
         resolve_run_dir(args.run_dir, args.command),
         Path(args.out) if args.out else None,
         args.format,
         cost_options(args),
+        target,
     )
 
 
@@ -259,9 +289,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     from tuneup.report import ReportError
 
     cost = cost_options(args)
+    target = target_option(args)
     run_dir = resolve_run_dir(args.run_dir, args.command)
     try:
-        print(format_summary(run_dir, cost))
+        print(format_summary(run_dir, cost, target))
     except (RunRecordError, ReportError) as exc:
         raise UsageError(str(exc)) from None
     return 0
@@ -319,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", default="html,md,json", help="comma-separated: html, md, json (default: %(default)s)"
     )
     add_cost_arguments(report)
+    add_target_argument(report)
     report.set_defaults(func=cmd_report)
 
     catalog = sub.add_parser(
@@ -354,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a run directory written by TuneupCallback, or a directory that holds one run",
     )
     add_cost_arguments(show)
+    add_target_argument(show)
     show.set_defaults(func=cmd_show)
 
     demo = sub.add_parser(

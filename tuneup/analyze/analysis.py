@@ -12,6 +12,7 @@ import time
 from tuneup._version import __version__
 from tuneup.analyze.communication import communication_section
 from tuneup.analyze.contention import cpu_contention
+from tuneup.analyze.convergence import convergence_findings, convergence_section
 from tuneup.analyze.cost import cost_section
 from tuneup.analyze.data_loading import data_loading
 from tuneup.analyze.findings import findings
@@ -34,6 +35,7 @@ from tuneup.analyze.timeline import timeline
 from tuneup.analyze.timeseries import timeseries
 from tuneup.cost.options import CostOptions, cost_inputs
 from tuneup.record.schema import Run
+from tuneup.target import Target
 
 
 def _environment(run: Run) -> Environment:
@@ -50,9 +52,12 @@ def _environment(run: Run) -> Environment:
     )
 
 
-def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] | None = None) -> RunAnalysis:
-    """The run's analysis; `cost` adds or replaces the price (`tuneup report --instance ...`). Raises the
-    catalog's or the pricing's ValueError for a bad `cost`.
+def analyze_run(
+    run: Run, cost: CostOptions | None = None, segments: list[Run] | None = None, target: Target | None = None
+) -> RunAnalysis:
+    """The run's analysis; `cost` adds or replaces the price (`tuneup report --instance ...`); `target` (a
+    quality target, `val_acc>=0.9`) replaces the one the callback recorded. Raises the catalog's or the
+    pricing's ValueError for a bad `cost`.
 
     With `segments` (every segment of a resumed or restarted run, `run` being the last), the figures are
     the last segment's, and the interruptions section covers them all.
@@ -93,6 +98,8 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
             f"this run has {len(segments)} segments (resumed or restarted); the figures are of the last one, "
             f"{run.path}, and the interruptions section covers them all"
         )
+    money = cost_section(run, inputs, info, rates, tel, fit_timeline)
+    convergence = convergence_section(run, info, rates, money, target)
     return RunAnalysis(
         report_schema_version=REPORT_SCHEMA_VERSION,
         generated_unix=round(time.time(), 3),
@@ -107,8 +114,10 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
         telemetry=tel,
         environment=_environment(run),
         communication=comm,
-        cost=cost_section(run, inputs, info, rates, tel, fit_timeline),
-        findings=event_findings(run) + findings(info, warm_up, steps, loading, tel, comm, ranks.straggler),
+        cost=money,
+        findings=event_findings(run)
+        + findings(info, warm_up, steps, loading, tel, comm, ranks.straggler)
+        + convergence_findings(convergence),
         warnings=warnings,
         interruptions=interruptions_section(segments or [run], per_device_hour),
         timeline=fit_timeline,
@@ -116,4 +125,5 @@ def analyze_run(run: Run, cost: CostOptions | None = None, segments: list[Run] |
         noise_scale=noise_scale_section(run, steady),
         sync_strategy=sync_strategy_section(run, steady),
         memory=memory_section(run),
+        convergence=convergence,
     )

@@ -1024,6 +1024,129 @@ class Timeline:
     first_step_extra_s: float | None = decimals(3, None)
 
 
+# -- convergence (the metrics the training logged) ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    """One recorded value of a metric, placed on every x-axis the report offers."""
+
+    value: float = significant(7)
+    step: int  # optimizer steps done when it was read
+    hours: float | None = decimals(6)  # since the run's start
+    samples: int | None  # trained on up to `step`, all ranks (Convergence.samples_basis says how counted)
+    usd: float | None = significant(6)  # hours at the run's price; None where the run has no price
+
+
+@dataclass(frozen=True, slots=True)
+class MetricCurve:
+    """One metric the training logged, as the reporting rank read it (tuneup/analyze/convergence.py)."""
+
+    name: str
+    rank: int  # whose values these are: rank 0's, or the lowest rank that logged it
+    ranks: int  # ranks that logged it
+    source: str  # where it was read: "validation", "train", "log", or "mixed"
+    direction: str  # "lower" (a loss), "higher" (an accuracy) or "unknown"
+    direction_basis: str  # how the direction was decided, in words
+    step: list[int]
+    hours: list[float | None] = decimals(6)
+    samples: list[int | None]
+    usd: list[float | None] = significant(6)
+    values: list[float | None] = significant(7)  # None: not finite (NaN or inf) at that point
+    best: CurvePoint | None  # the best finite value so far and when; None where the direction is unknown
+    last: CurvePoint | None  # the last finite value
+    evaluations_since_best: int | None  # values recorded after the best one
+    steps_since_best: int | None
+    hours_since_best: float | None = decimals(6)  # to the last value
+    usd_since_best: float | None = significant(6)
+    plateau: bool  # no improvement over the last Convergence.plateau_evaluations values (validation metrics)
+    nonfinite_steps: list[int]  # where a value was NaN or infinite
+    spike_steps: list[int]  # where a value jumped the wrong way (Convergence.spike_rule)
+    rank_spread_max: float | None = significant(6)  # the largest max - min across ranks at one step
+
+
+@dataclass(frozen=True, slots=True)
+class LossSpread:
+    """The ranks' training losses (StepRecord.loss) over windows of steps: how far their window means lie
+    apart (max - min), against what the steps' own scatter alone would give ("variance across workers")."""
+
+    ranks: int
+    window_steps: int
+    step: list[int]  # each window's last step
+    spread: list[float] = significant(6)  # max - min of the ranks' mean losses over the window
+    noise: list[float] = significant(6)  # the spread the within-window scatter alone would give
+    drifting: bool  # the spread grew beyond noise (convergence.py's DRIFT_* rule)
+    rule: str
+
+
+@dataclass(frozen=True, slots=True)
+class GradNorm:
+    """The gradient's norm per recorded step, where it came free (the clipping norm, or the noise scale's)."""
+
+    source: str  # "grad_norm" (StepRecord.grad_norm) or "sqrt(gns_big_sq)" (the averaged gradient's norm)
+    rank: int
+    step: list[int]
+    values: list[float] = significant(6)
+    median: float | None = significant(6)
+    spike_steps: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetOutcome:
+    """When, and at what cost, the run reached a quality target (`--target val_acc>=0.9`), or a projection
+    of it. `status`: "reached", "projected", "not_projected" (reason says why) or "not_recorded" (the run
+    logged no such metric; reason lists those it did)."""
+
+    target: str  # as tuneup.target spells it: "val_acc>=0.9"
+    metric: str
+    value: float
+    lower_is_better: bool
+    given_by: str  # "command line" or "callback"
+    status: str
+    reason: str
+    reached: CurvePoint | None  # the first recorded value meeting it
+    # The projection (tuneup/analyze/projection.py) from the metric's history: its status, curve and the
+    # interval (high None: open above), converted to hours and $ at `Convergence.s_per_step`.
+    projection_status: str | None = None
+    form: str | None = None
+    points_used: int | None = None
+    step: float | None = significant(6, default=None)
+    step_low: float | None = significant(6, default=None)
+    step_high: float | None = significant(6, default=None)
+    hours: float | None = decimals(6, default=None)
+    hours_low: float | None = decimals(6, default=None)
+    hours_high: float | None = decimals(6, default=None)
+    usd: float | None = significant(6, default=None)
+    usd_low: float | None = significant(6, default=None)
+    usd_high: float | None = significant(6, default=None)
+    samples: float | None = significant(6, default=None)
+    asymptote: float | None = significant(7, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Convergence:
+    """The metrics the training logged, against steps, hours, samples and dollars; the training loss across
+    ranks; the gradient norm; and a quality target's time and cost (tuneup/analyze/convergence.py)."""
+
+    metrics: list[MetricCurve]
+    usd_per_hour: float | None = significant(9)  # the run's price (the cost section's); None: not priced
+    not_priced_reason: str | None
+    samples_basis: str  # how the samples axis was counted
+    # Seconds of the fit per training step: the steady step time plus the validation, saves and fit-loop time
+    # each step brings along (the cost section's loop overhead); what turns a projected step into hours.
+    s_per_step: float | None = significant(6)
+    s_per_step_basis: str
+    plateau_evaluations: int
+    spike_rule: str
+    loss_spread: LossSpread | None
+    grad_norm: GradNorm | None
+    target: TargetOutcome | None
+    notes: list[str] = field(default_factory=list)
+    # The first step whose training loss (StepRecord.loss) was NaN or infinite on any rank, and that rank.
+    train_loss_nonfinite_step: int | None = None
+    train_loss_nonfinite_rank: int | None = None
+
+
 # No slots: the report holds its advice on an analysis by a weak reference (tuneup/report/advice.py), which a
 # slotted class refuses before Python 3.11 (weakref_slot). One object per report: slots saved nothing here.
 @dataclass(frozen=True)
@@ -1050,6 +1173,9 @@ class RunAnalysis:
     noise_scale: NoiseScale | None = None  # None where it was not measured (and in older reports)
     sync_strategy: SyncStrategy | None = None  # None where the run used no TuneupDDPStrategy
     memory: MemoryByKind | None = None  # None where no rank recorded it (and in older reports)
+    # The metrics the training logged and a quality target; None where the run logged none (and in older
+    # reports).
+    convergence: Convergence | None = None
 
 
 # -- JSON --------------------------------------------------------------------------------------------

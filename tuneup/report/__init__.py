@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tuneup.analyze.model import Finding, RunAnalysis
     from tuneup.cost.options import CostOptions
+    from tuneup.target import Target
 
 FORMATS = ("html", "md", "json")
 REPORT_BASENAME = "report"
@@ -62,24 +63,33 @@ def report_schema() -> dict[str, Any]:
     )
 
 
-def analyze(run_dir: str | os.PathLike[str], cost: CostOptions | None = None) -> RunAnalysis:
+def analyze(
+    run_dir: str | os.PathLike[str], cost: CostOptions | None = None, target: Target | None = None
+) -> RunAnalysis:
     """Load and analyse a run (every segment of it). `cost` prices it (or replaces the price it recorded);
-    a bad price or catalog raises ReportError."""
+    a bad price or catalog raises ReportError. `target` (`parse_target("val_acc>=0.9")`) adds the time and
+    cost to reach it; a target on a metric the run did not log raises ReportError listing those it did."""
     from tuneup.analyze.analysis import analyze_run
     from tuneup.record.segments import load_segments
 
     segments = load_segments(run_dir)
     try:
-        return analyze_run(segments[-1], cost, segments)
+        analysis = analyze_run(segments[-1], cost, segments, target)
     except ValueError as exc:  # the catalog's and the pricing's errors name the option and the fix
         if cost is None:
             raise
         raise ReportError(str(exc)) from None
+    outcome = analysis.convergence.target if analysis.convergence is not None else None
+    if target is not None and outcome is not None and outcome.status == "not_recorded":
+        raise ReportError(f"{outcome.reason}; pass --target with one of those")
+    return analysis
 
 
-def build_report(run_dir: str | os.PathLike[str], cost: CostOptions | None = None) -> dict[str, Any]:
+def build_report(
+    run_dir: str | os.PathLike[str], cost: CostOptions | None = None, target: Target | None = None
+) -> dict[str, Any]:
     """The report's JSON document (what report.json holds) for the run at `run_dir`."""
-    return report_document(analyze(run_dir, cost))
+    return report_document(analyze(run_dir, cost, target))
 
 
 def report_document(analysis: RunAnalysis) -> dict[str, Any]:
@@ -99,14 +109,16 @@ def write_report(
     out_dir: str | os.PathLike[str] | None = None,
     formats: str | Iterable[str] = FORMATS,
     cost: CostOptions | None = None,
+    target: Target | None = None,
 ) -> WrittenReport:
-    """Write the report of the run at `run_dir` into `out_dir` (default `reports/<run id>`).
+    """Write the report of the run at `run_dir` into `out_dir` (default `reports/<run id>`); `target` adds
+    the time and cost to a quality target (`analyze`).
 
     Raises `tuneup.RunRecordError` for a run that cannot be read and `ReportError` for bad options or
     an output directory that cannot be written.
     """
     wanted = parse_formats(formats)
-    return write_analysis(analyze(run_dir, cost), out_dir, wanted)
+    return write_analysis(analyze(run_dir, cost, target), out_dir, wanted)
 
 
 def write_analysis(

@@ -77,6 +77,15 @@ class Figure:
 
 
 @dataclass(frozen=True, slots=True)
+class FigureChoice:
+    """The same figure drawn against several x-axes, one shown at a time where the format can switch
+    (HTML: a row of buttons, no script); formats that cannot show each one in turn, under its label."""
+
+    title: str
+    options: tuple[tuple[str, PlotFile], ...]  # (label, figure), the first shown first
+
+
+@dataclass(frozen=True, slots=True)
 class Code:
     """Code to copy as it stands (a recommendation's Lightning code or YAML), under a short title."""
 
@@ -85,7 +94,7 @@ class Code:
     language: str = "python"
 
 
-Block = Paragraph | Metrics | FindingList | Table | KeyValues | Bullets | Figure | Code
+Block = Paragraph | Metrics | FindingList | Table | KeyValues | Bullets | Figure | FigureChoice | Code
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from tuneup.report.blocks import (
     Bullets,
     Code,
     Figure,
+    FigureChoice,
     FindingList,
     KeyValues,
     Metrics,
@@ -106,6 +107,32 @@ def _figure(plot: PlotFile) -> _Html:
         _void("img", src=uri, alt=plot.caption),
         # The plot draws its own title: the caption says how to read it.
         _el("figcaption", _prose(plot.caption)),
+    )
+
+
+# A figure choice shows one pane at a time with radio buttons and CSS alone (the page runs no script): the
+# n-th checked button shows the n-th pane, for up to this many panes.
+MAX_CHOICES = 6
+
+
+def _figure_choice(block: FigureChoice) -> _Html:
+    # One radio group per choice, named after its first figure's file (unique in a report).
+    group = "switch-" + re.sub(r"[^A-Za-z0-9_-]+", "-", block.options[0][1].name if block.options else "none")
+    buttons: list[_Html] = []
+    for i, (label, _plot) in enumerate(block.options[:MAX_CHOICES]):
+        key = f"{group}-{i}"
+        attrs: dict[str, object] = {"type": "radio", "name": group, "id": key}
+        if i == 0:
+            attrs["checked"] = "checked"
+        buttons.append(_void("input", **attrs))
+        buttons.append(_el("label", label, for_=key))
+    panes = [_el("div", _figure(plot), class_="pane") for _label, plot in block.options[:MAX_CHOICES]]
+    return _el(
+        "div",
+        _el("p", _el("strong", block.title), " · x-axis:", class_="switch-title"),
+        _join(buttons, ""),
+        _el("div", _join(panes), class_="panes"),
+        class_="switch",
     )
 
 
@@ -199,6 +226,8 @@ def _block(block: Block) -> _Html:
         return _el("ul", _join([_el("li", _prose(item)) for item in block.items]), class_="plain")
     if isinstance(block, Figure):
         return _figure(block.plot)
+    if isinstance(block, FigureChoice):
+        return _figure_choice(block)
     if isinstance(block, Code):
         return _el(
             "div", _el("p", _el("strong", block.title)), _el("pre", _el("code", block.text)), class_="code"
@@ -270,8 +299,23 @@ div.code p { margin: 8px 0 2px; }
 figure { margin: 16px 0; }
 figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
 figcaption { color: var(--muted); font-size: 14px; margin-top: 4px; }
+.switch { margin: 16px 0; }
+.switch > p.switch-title { display: inline-block; margin: 0 8px 6px 0; }
+.switch > input { position: absolute; opacity: 0; width: 1px; height: 1px; }
+.switch > label { display: inline-block; padding: 1px 12px; margin: 0 4px 6px 0; border: 1px solid var(--line);
+  border-radius: 14px; cursor: pointer; font-size: 13px; color: var(--accent); }
+.switch > input:checked + label { background: var(--accent); border-color: var(--accent); color: #fff; }
+.switch > input:focus-visible + label { outline: 2px solid var(--accent); outline-offset: 1px; }
+.switch .pane { display: none; }
+.switch .pane figure { margin-top: 4px; }
+.switch > input:nth-of-type(1):checked ~ .panes > .pane:nth-child(1),
+.switch > input:nth-of-type(2):checked ~ .panes > .pane:nth-child(2),
+.switch > input:nth-of-type(3):checked ~ .panes > .pane:nth-child(3),
+.switch > input:nth-of-type(4):checked ~ .panes > .pane:nth-child(4),
+.switch > input:nth-of-type(5):checked ~ .panes > .pane:nth-child(5),
+.switch > input:nth-of-type(6):checked ~ .panes > .pane:nth-child(6) { display: block; }
 footer { margin-top: 48px; color: var(--muted); font-size: 13px; }
-@media print { nav.toc { display: none; } section { break-inside: avoid-page; } }
+@media print { nav.toc { display: none; } section { break-inside: avoid-page; } .switch .pane { display: block; } }
 """
 
 # Defence in depth: no script, no fetch, images only from data: URIs, styles only from this page.

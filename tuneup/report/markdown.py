@@ -22,6 +22,7 @@ from tuneup.report.blocks import (
     Bullets,
     Code,
     Figure,
+    FigureChoice,
     FindingList,
     KeyValues,
     Metrics,
@@ -127,6 +128,12 @@ def _block(block: Block, image_prefix: str) -> str:
         return "\n".join(f"- {_md(item)}" for item in block.items)
     if isinstance(block, Figure):
         return _figure(block.plot, image_prefix)
+    if isinstance(block, FigureChoice):
+        # Markdown cannot switch: each figure under its label, one after the other.
+        return "\n\n".join(
+            [f"**{_md(block.title)}**"]
+            + [f"_{_md(label)}_\n\n{_figure(plot, image_prefix)}" for label, plot in block.options]
+        )
     if isinstance(block, Code):
         # A fence longer than any run of backticks inside keeps the code from closing it.
         fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", block.text)), default=0) + 1)

@@ -61,6 +61,7 @@ def render_terminal(analysis: RunAnalysis) -> str:
     lines.extend(_communication_lines(analysis.communication))
     lines.extend(_hardware_lines(analysis.telemetry))
     lines.extend(_cost_lines(analysis.cost))
+    lines.extend(_convergence_lines(analysis))
     if not analysis.warmup.no_steady_state and st.per_rank:
         from tuneup.report.advice import advice_for, advice_text
 
@@ -215,3 +216,27 @@ def _cost_lines(cost: Cost | None) -> list[str]:
     if is_number(mfu):
         parts.append(f"MFU {fraction_percent(mfu)}")
     return ["  cost: " + "; ".join(parts)]
+
+
+def _convergence_lines(analysis: RunAnalysis) -> list[str]:
+    """The target, then each logged metric's best, when, and what the run spent since (the report's figures)."""
+    from tuneup.report.sections.convergence import metric_line, target_line
+
+    conv = analysis.convergence
+    if conv is None or (not conv.metrics and conv.target is None):
+        return []
+    lines = [""]
+    if conv.target is not None:
+        lines.append(f"  target: {target_line(conv.target)}")
+    if conv.metrics:
+        lines.append("  metrics logged (best, when, since the best):")
+        lines.extend(f"    {metric_line(c)}" for c in conv.metrics)
+    if conv.loss_spread is not None and conv.loss_spread.drifting:
+        lines.append("  the ranks' training losses drift apart (see findings)")
+    if conv.grad_norm is not None:
+        gn = conv.grad_norm
+        spikes = f", {len(gn.spike_steps)} spike(s)" if gn.spike_steps else ""
+        lines.append(
+            f"  gradient norm ({gn.source}): median {gn.median:.4g} over {len(gn.step):,} steps{spikes}"
+        )
+    return lines

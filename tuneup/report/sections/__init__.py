@@ -20,6 +20,7 @@ from tuneup.report.format import MISSING, plural, text, unix_time
 from tuneup.report.plotting import STYLE, Plot, save
 from tuneup.report.sections import (
     communication,
+    convergence,
     cost,
     data_loader,
     environment,
@@ -58,6 +59,7 @@ SECTION_MODULES: tuple[SectionModule, ...] = (
     step_time,
     operators,
     timeseries,
+    convergence,
     hardware,
     memory,
     ranks,
