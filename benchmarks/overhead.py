@@ -10,6 +10,8 @@ Arms:
     throughput   + Lightning's ThroughputMonitor alone, for reference
     tu-timed     + TuneupCallback() with its per-step hooks wrapped in a clock: the time inside them
                  (kept off the tuneup arm, which the wrapper would slow by a few us a step)
+    --log-every N  every arm's model logs its loss (`self.log`) and the Trainer logs every N steps: what
+                 recording the logged metrics costs shows in tu-nometrics against tuneup (issue 28)
     --arms adds: monitors (ThroughputMonitor and DeviceStatsMonitor, with a no-op logger), tu-memory
                  (tuneup recording to a memory:// URL: the spool and the upload thread),
                  lightning-aa (the baseline again: the method's noise floor), empty (a Callback with no
@@ -86,6 +88,8 @@ BLOCK_STEPS = 100
 TURN_STEPS = 2
 # accumulate_grad_batches of every fit (--accumulate): a "step" below is then a micro-batch.
 ACCUMULATE = 1
+# --log-every: the model logs its loss and the Trainer logs every this many steps (0: nothing logged).
+LOG_EVERY_STEPS = 0
 # Share of turns dropped at each end of the paired log ratios (pauses of the shared machine).
 TRIM_FRACTION = 0.05
 GOALS_PERCENT = {2.0: 2.0, 10.0: 0.5}
@@ -118,6 +122,11 @@ def _without_taps(callback: Any) -> None:
     callback._install_taps = lambda trainer: None
 
 
+def _without_metrics(callback: Any) -> None:
+    # The logged metrics are not taken: the logger connector's tap and the validation read do nothing.
+    callback._session.log_metrics = lambda *args, **kwargs: None
+
+
 def _without_writing(callback: Any) -> None:
     # The writer thread drops closed steps instead of building and writing records.
     start = callback.on_train_start
@@ -136,6 +145,7 @@ def _without_writing(callback: Any) -> None:
 TUNEUP_PARTS_OFF: dict[str, Callable[[Any], None]] = {
     "tu-notaps": _without_taps,
     "tu-nowrite": _without_writing,
+    "tu-nometrics": _without_metrics,
 }
 EXTRA_ARMS = (MONITORS, AA, EMPTY, UPLOAD, *TUNEUP_VARIANTS, *TUNEUP_PARTS_OFF)
 
@@ -160,7 +170,10 @@ class MLP(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        if LOG_EVERY_STEPS:
+            self.log("train_loss", loss)
+        return loss
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=1e-3)
@@ -424,6 +437,7 @@ def fit_once(
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=str(run_dir.parent),
+        log_every_n_steps=LOG_EVERY_STEPS or 50,
     )
     trainer.fit(model, loader)
     end = time.perf_counter()
@@ -797,8 +811,19 @@ def main(argv: list[str] | None = None) -> int:
         help="accumulate_grad_batches (default 1); with 2 or more, tuneup measures the gradient noise scale, "
         "and the step sizes and figures are per micro-batch",
     )
+    p.add_argument(
+        "--log-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the model logs its loss and the Trainer logs every N steps (default 0: nothing logged); with "
+        "--arms tu-nometrics, what tuneup's recording of the logged metrics costs",
+    )
     args = p.parse_args(argv)
-    global ACCUMULATE
+    global ACCUMULATE, LOG_EVERY_STEPS
+    if args.log_every < 0:
+        p.error("--log-every must be 0 (no logging) or a number of steps")
+    LOG_EVERY_STEPS = args.log_every
     if args.accumulate < 1 or BLOCK_STEPS % args.accumulate:
         p.error(f"--accumulate must divide {BLOCK_STEPS}")
     ACCUMULATE = args.accumulate

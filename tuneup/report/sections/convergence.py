@@ -228,8 +228,7 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
             "Dollars axis",
             f"hours × {usd(conv.usd_per_hour)} per hour (the cost section's price)"
             if is_number(conv.usd_per_hour)
-            else f"not priced: {text(conv.not_priced_reason)}; no dollar figure is shown (tuneup report "
-            "--instance or --price-per-hour prices it)",
+            else f"no dollar figure is shown: {text(conv.not_priced_reason)}",
         ),
         ("Plateau", f"no new best over the last {conv.plateau_evaluations} values of a validation metric"),
         ("Spike", conv.spike_rule),
