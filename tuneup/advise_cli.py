@@ -76,6 +76,13 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
         help="smallest predicted gain to recommend, a fraction (default: %(default)s)",
     )
     advise.add_argument("--no-whatif", action="store_true", help="skip the what-if over instances")
+    advise.add_argument(
+        "--target",
+        metavar="METRIC<=VALUE",
+        help="a quality target on a metric the run logged ('val_loss<=2.1', 'val_acc>=0.9'; default: the one "
+        "the callback recorded): adds how the goodput model's steps to it (S = S_min(1 + B_noise/B)) stand "
+        "against the recorded curve, at the run's batch and at the batch advice's",
+    )
     _add_measure_arguments(advise)
     _split_command_at_dashes(advise)
 
@@ -155,7 +162,7 @@ def _split_command_at_dashes(parser: argparse.ArgumentParser) -> None:
     parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
-def _load(path: str | Path, usage_error: type[Exception]) -> Any:
+def _load(path: str | Path, usage_error: type[Exception], target: Any = None) -> Any:
     from tuneup.analyze.model import AnalysisFormatError, from_json
     from tuneup.record import RunRecordError
     from tuneup.record.remote import is_url
@@ -163,6 +170,10 @@ def _load(path: str | Path, usage_error: type[Exception]) -> Any:
 
     if not is_url(path) and Path(path).is_file() and Path(path).suffix == ".json":
         path = Path(path)
+        if target is not None:
+            raise usage_error(
+                f"{path}: a report.json keeps the target it was made with; pass the run directory with --target"
+            )
         try:
             return from_json(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, AnalysisFormatError) as exc:
@@ -170,7 +181,7 @@ def _load(path: str | Path, usage_error: type[Exception]) -> Any:
     from tuneup._cli_common import resolve_run_dir
 
     try:
-        return analyze(resolve_run_dir(path, "advise"))
+        return analyze(resolve_run_dir(path, "advise"), target=target)
     except (RunRecordError, ReportError) as exc:
         raise usage_error(str(exc)) from None
 
@@ -225,7 +236,8 @@ def cmd_advise(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         raise usage_error(
             "give a run directory (or report.json) to advise on, or --measure -- COMMAND to record one"
         )
-    analyses = [_load(p, usage_error) for p in args.runs]
+    target = _target(args, usage_error)
+    analyses = [_load(p, usage_error, target) for p in args.runs]
     options = _options(args, usage_error)
     result = _advise(analyses, options, usage_error)
     from tuneup.advise.measure import blind_spots, measure_hint, short_blind
@@ -238,8 +250,27 @@ def cmd_advise(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         result = dataclasses.replace(
             result, notes=[*result.notes, f"the model assumes {rests_on} rather than measuring it; {hint}"]
         )
-    print(render(result, args.format), end="")
+    print(render(result, args.format, _check(analyses, result)), end="")
     return 0
+
+
+def _target(args: argparse.Namespace, usage_error: type[Exception]) -> Any:
+    from tuneup.target import TargetError, parse_target
+
+    text = getattr(args, "target", None)
+    if text is None:
+        return None
+    try:
+        return parse_target(text)
+    except TargetError as exc:
+        raise usage_error(str(exc)) from None
+
+
+def _check(analyses: list[Any], advice: Advice) -> Any:
+    """The goodput model against the recorded curve, where the run has a quality target (None otherwise)."""
+    from tuneup.advise.convergence import convergence_check
+
+    return convergence_check(analyses, advice)
 
 
 def _advise(analyses: list[Any], options: AdviceOptions, usage_error: type[Exception]) -> Advice:
@@ -340,7 +371,8 @@ def _cmd_measure(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         )
     measure_options = _measure_options(args, usage_error)
     options = _options(args, usage_error)  # checked before any trial runs
-    given = [(str(p), _load(p, usage_error)) for p in args.runs]
+    target = _target(args, usage_error)
+    given = [(str(p), _load(p, usage_error, target)) for p in args.runs]
     # The advice document is stdout's; with --format json what the trials do goes to stderr.
     stream = sys.stderr if args.format == "json" else sys.stdout
 
@@ -356,7 +388,7 @@ def _cmd_measure(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     result = _within_memory(result, [t.batch_size for t in measured.trials if t.status == "infeasible"])
     notes = [_trial_note(t) for t in measured.trials]
     result = dataclasses.replace(result, notes=[*result.notes, *notes, *measured.notes])
-    print(render(result, args.format), end="")
+    print(render(result, args.format, _check(measured.analyses, result)), end="")
     if trial_runs:
         say(
             "the trials' runs are kept; advise on them again with: tuneup advise "
@@ -365,20 +397,31 @@ def _cmd_measure(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     return 0
 
 
-def render(advice: Advice, fmt: str) -> str:
+def render(advice: Advice, fmt: str, check: Any = None) -> str:
+    """The advice in `fmt`; `check` (tuneup.advise.convergence.ConvergenceCheck) adds the statement of the
+    goodput model against the recorded curve: a `convergence_check` key in JSON, a short block otherwise."""
     if fmt == "json":
         from tuneup.analyze.model import to_json
         from tuneup.report import json_text
 
-        return json_text(to_json(advice))
+        document = to_json(advice)
+        if check is not None:
+            document["convergence_check"] = to_json(check)
+        return json_text(document)
     if fmt == "md":
         from tuneup.report.advice import advice_blocks
         from tuneup.report.blocks import Section
-        from tuneup.report.markdown import render_section
+        from tuneup.report.markdown import markdown_text, render_section
 
-        return (
+        out = (
             render_section(Section("recommendations", "Recommendations", tuple(advice_blocks(advice)))) + "\n"
         )
+        if check is not None:
+            out += "\n" + "".join(f"- {markdown_text(line)}\n" for line in check.lines)
+        return out
     from tuneup.report.advice import advice_text
 
-    return "\n".join(advice_text(advice)) + "\n"
+    lines = advice_text(advice)
+    if check is not None:
+        lines = [*lines, "", *check.lines]
+    return "\n".join(lines) + "\n"

@@ -2,8 +2,9 @@
 
 `decide` applies the rule (DESIGN.md, "CI regression": a one-sided Welch t-test on log values AND a
 change beyond max(5%, 2 x the baseline's run-to-run CV)) to one metric and says why in one sentence;
-`simulate_flag_rate` measures its false alarms and power. The statistics in `stats` are pure Python, so
-a CI job needs neither numpy nor scipy.
+`simulate_flag_rate` measures its false alarms and power. With `--target`, `to_target` adds each side's
+time and $ to a quality target beside samples/s, and which side is faster to it. The statistics in `stats`
+are pure Python, so a CI job needs neither numpy nor scipy.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The `tuneup compare`, `tuneup baseline` and `tuneup bench` commands.
 
-Exit codes: 0 no regression, 1 regression (or, with `--inconclusive fail`, an inconclusive metric),
+Exit codes: 0 no regression, 1 regression (or, with `--inconclusive fail`, an inconclusive metric; with
+`--target`, slower to the target by tuneup.compare.to_target's rule),
 2 bad input (a missing or damaged side, a run compared with itself, different hardware, a workload that
 fails). The CLI's UsageError is raised for code 2, so that every command reports input errors alike.
 """
@@ -47,6 +48,15 @@ def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
         default="pass",
         help="exit code for an INCONCLUSIVE metric: pass (0, with a warning) or fail (1) (default: %(default)s)",
     )
+    group.add_argument(
+        "--target",
+        metavar="METRIC<=VALUE",
+        help="also compare the time and $ to a quality target on a metric the runs logged, e.g. "
+        "'val_loss<=2.1' or 'val_acc>=0.9': each side's, measured where its runs reached it (the median of "
+        "those that did), projected with an interval where they did not, beside samples/s, and which side "
+        "is faster to it. Slower to the target by more than --min-effect fails the comparison (exit 1) only "
+        "when both sides reached it or the intervals do not overlap; otherwise it is reported",
+    )
     group.add_argument("--markdown", metavar="PATH", help="also write the result as Markdown (PR comment)")
     group.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     group.add_argument(
@@ -63,7 +73,8 @@ def add_commands(sub: Any, usage_error: type[Exception]) -> None:
         help="compare a candidate's runs with a baseline's: REGRESSION, IMPROVEMENT, NO CHANGE or INCONCLUSIVE",
         description="Compare steady-state throughput, step time, peak memory and cost per sample of a "
         "candidate with a baseline, one figure per run, with a one-sided Welch test on log values and a "
-        "minimum effect. Each side is a run directory, a directory of runs, or a baseline file. Exit code "
+        "minimum effect; with --target, also the time and $ to a quality target beside samples/s. Each side "
+        "is a run directory, a directory of runs, or a baseline file. Exit code "
         "0: no regression; 1: regression; 2: bad input.",
     )
     compare.add_argument(
@@ -133,8 +144,14 @@ def _compare_and_report(baseline: Side, candidate: Side, args: argparse.Namespac
     from tuneup.compare.rule import Verdict
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    target = _target(args)
     result = compare(
-        baseline, candidate, metrics=metrics, rule=_rule(args), allow_mismatch=args.allow_mismatch
+        baseline,
+        candidate,
+        metrics=metrics,
+        rule=_rule(args),
+        allow_mismatch=args.allow_mismatch,
+        target=str(target) if target is not None else None,
     )
     print(format_table(result))
     markdown = format_markdown(result)
@@ -153,6 +170,14 @@ def _compare_and_report(baseline: Side, candidate: Side, args: argparse.Namespac
     return result.exit_code(inconclusive_fails=args.inconclusive == "fail")
 
 
+def _target(args: argparse.Namespace) -> Any:
+    """--target, parsed (tuneup.target.TargetError, a ValueError: exit code 2 through `_guarded`)."""
+    from tuneup.target import parse_target
+
+    text = getattr(args, "target", None)
+    return parse_target(text) if text is not None else None
+
+
 def _guarded(action: Callable[[], int], usage_error: type[Exception]) -> int:
     """Input errors of every kind, as the CLI's one-line exit-code-2 error."""
     from tuneup.compare.bench import BenchError
@@ -168,9 +193,11 @@ def _guarded(action: Callable[[], int], usage_error: type[Exception]) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace, usage_error: type[Exception]) -> int:
-    return _guarded(
-        lambda: _compare_and_report(load_side(args.baseline), load_side(args.candidate), args), usage_error
-    )
+    def run() -> int:
+        target = _target(args)  # a target that cannot be read fails before any run is analysed
+        return _compare_and_report(load_side(args.baseline, target), load_side(args.candidate, target), args)
+
+    return _guarded(run, usage_error)
 
 
 def _cmd_baseline(args: argparse.Namespace, usage_error: type[Exception]) -> int:
@@ -222,10 +249,12 @@ def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
             if args.baseline:
                 raise CompareInputError("give --baseline-cmd/--baseline-entry or --baseline, not both")
             workloads.insert(0, Workload("baseline", args.baseline_cmd, args.baseline_entry))
-        baseline = load_side(args.baseline) if args.baseline else None  # a bad path fails before any run
+        target = _target(args)
+        # A bad path fails before any run.
+        baseline = load_side(args.baseline, target) if args.baseline else None
         out = Path(args.out) if args.out else Path("reports") / "bench" / time.strftime("%Y%m%d-%H%M%S")
         sets = run_bench(workloads, args.runs, out, timeout_s=args.timeout)
-        candidate_side = load_side(sets["candidate"])
+        candidate_side = load_side(sets["candidate"], target)
         print()
         for r in candidate_side.runs:
             print(
@@ -234,7 +263,7 @@ def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
                 else r.run_id
             )
         if "baseline" in sets:
-            baseline = load_side(sets["baseline"])
+            baseline = load_side(sets["baseline"], target)
         if baseline is None:
             print(
                 f"\nno baseline given: the runs are in {sets['candidate']} (compare them later with tuneup compare)"

@@ -8,6 +8,13 @@ from typing import Any
 
 from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide
 from tuneup.compare.runs import METRICS, CompareInputError, Side, mismatches
+from tuneup.compare.to_target import (
+    TargetComparison,
+    compare_to_target,
+    run_figure,
+    side_figure,
+    side_to_target,
+)
 from tuneup.report.format import aligned_table, ms, size_bytes, usd, with_unit
 from tuneup.report.markdown import markdown_text
 
@@ -43,12 +50,20 @@ class Comparison:
     skipped: dict[str, str] = field(default_factory=dict)  # metric -> why it was not compared
     mismatches: tuple[str, ...] = ()  # what differs between the sides, compared anyway when allowed
     changed: tuple[str, ...] = ()  # the settings the sides differ in on purpose (CHANGE_UNDER_TEST)
+    to_target: TargetComparison | None = None  # `--target`: time and $ to a quality target (to_target.py)
 
     def count(self, verdict: Verdict) -> int:
         return sum(r.verdict == verdict for r in self.results)
 
+    @property
+    def regression(self) -> bool:
+        """A metric's REGRESSION, or slower to the target by the rule of tuneup.compare.to_target."""
+        return bool(self.count(Verdict.REGRESSION)) or (
+            self.to_target is not None and self.to_target.regression
+        )
+
     def exit_code(self, *, inconclusive_fails: bool = False) -> int:
-        if self.count(Verdict.REGRESSION):
+        if self.regression:
             return EXIT_REGRESSION
         if inconclusive_fails and self.count(Verdict.INCONCLUSIVE):
             return EXIT_REGRESSION
@@ -77,7 +92,8 @@ class Comparison:
             "skipped": self.skipped,
             "mismatches": list(self.mismatches),
             "changed": list(self.changed),
-            "regression": bool(self.count(Verdict.REGRESSION)),
+            "target": self.to_target.as_dict() if self.to_target is not None else None,
+            "regression": self.regression,
         }
 
 
@@ -88,8 +104,11 @@ def compare(
     metrics: Sequence[str] = tuple(METRICS),
     rule: Rule | None = None,
     allow_mismatch: bool = False,
+    target: str | None = None,
 ) -> Comparison:
-    """Compare the sides metric by metric; CompareInputError for sides that must not be compared."""
+    """Compare the sides metric by metric; CompareInputError for sides that must not be compared. `target`
+    (its text, `val_loss<=2.1`; the sides loaded with it, `load_side(path, target)`) adds the time and $ to
+    it, each run's from its `RunSummary.to_target`."""
     rule = rule or Rule()
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
@@ -148,7 +167,42 @@ def compare(
             )
         )
     return Comparison(
-        baseline, candidate, rule, tuple(results), skipped, differs if allow_mismatch else (), changed
+        baseline,
+        candidate,
+        rule,
+        tuple(results),
+        skipped,
+        differs if allow_mismatch else (),
+        changed,
+        None if target is None else _to_target(target, baseline, candidate, rule),
+    )
+
+
+def _to_target(target: str, baseline: Side, candidate: Side, rule: Rule) -> TargetComparison:
+    """Both sides' time and $ to the target; CompareInputError where no run of either logged its metric
+    (a misspelt name must not read as "neither reached it")."""
+    runs = [*baseline.runs, *candidate.runs]
+    figures = [r.to_target for r in runs]
+    if any(f is None for f in figures):
+        raise CompareInputError(f"the sides were loaded without the target {target}; load them with it")
+    if all(f.status == "not_recorded" for f in figures if f is not None):
+        raise CompareInputError(figures[0].reason)  # type: ignore[union-attr]
+    units = {r.throughput_unit for r in runs}
+
+    def side(name: str, s: Side) -> Any:
+        return side_to_target(
+            name,
+            [r.to_target for r in s.runs if r.to_target is not None],
+            [r.throughput for r in s.runs],
+            s.runs[0].throughput_unit if s.runs else "samples/s",
+        )
+
+    return compare_to_target(
+        target,
+        side("baseline", baseline),
+        side("candidate", candidate),
+        min_effect=rule.min_effect,
+        throughput_comparable=len(units) == 1,
     )
 
 
@@ -223,15 +277,32 @@ def format_table(c: Comparison) -> str:
     if c.mismatches:
         lines.append("  compared despite differences (--allow-mismatch): " + "; ".join(c.mismatches))
     lines.append(f"  rule: {c.rule.describe()}; {_ratio_note(c.rule)}")
+    if c.to_target is not None:
+        lines.extend(["", *target_lines(c.to_target)])
     return "\n".join(lines)
+
+
+def target_lines(t: TargetComparison) -> list[str]:
+    """Time and $ to the target: each side's figure beside its samples/s, then the verdict sentence."""
+    out = [f"to the target {t.target}:"]
+    for s in (t.baseline, t.candidate):
+        rate = format_value(s.samples_per_s, s.throughput_unit)
+        out.append(f"  {s.side:<9}  {rate:>16}  {side_figure(s)}")
+        for run in s.per_run if s.runs > 1 else ():
+            out.append(f"    {run.run_id}: {run_figure(run)}")
+    out.append("  " + t.verdict)
+    return out
 
 
 def format_markdown(c: Comparison) -> str:
     """For a GitHub job summary or a PR comment."""
     regressions = c.count(Verdict.REGRESSION)
+    slower = c.to_target is not None and c.to_target.regression
     head = (
         f"**tuneup compare: {regressions} regression(s)**"
         if regressions
+        else "**tuneup compare: slower to the target**"
+        if slower
         else "**tuneup compare: no regression**"
     )
     lines = [head, "", markdown_text(_sides(c)), ""]
@@ -250,4 +321,11 @@ def format_markdown(c: Comparison) -> str:
     if c.mismatches:
         lines.append("- compared despite differences: " + markdown_text("; ".join(c.mismatches)))
     lines.append(f"- rule: {markdown_text(c.rule.describe())}; {markdown_text(_ratio_note(c.rule))}")
+    if c.to_target is not None:
+        t = c.to_target
+        lines.extend(["", f"**to the target {markdown_text(t.target)}**", ""])
+        for s in (t.baseline, t.candidate):
+            rate = format_value(s.samples_per_s, s.throughput_unit)
+            lines.append(f"- {s.side}: {markdown_text(rate)}; {markdown_text(side_figure(s))}")
+        lines.append(f"- {markdown_text(t.verdict)}")
     return "\n".join(lines) + "\n"

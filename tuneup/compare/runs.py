@@ -11,15 +11,17 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tuneup._version import __version__
 from tuneup.analyze.analysis import analyze_run
 from tuneup.analyze.model import ProcessTelemetry, RunAnalysis
+from tuneup.compare.to_target import RunToTarget, run_to_target
 from tuneup.record import RunRecordError, load_run
 from tuneup.record.schema import MANIFEST_FILE, Run
+from tuneup.target import Target
 
 BASELINE_FORMAT = 1
 
@@ -62,6 +64,9 @@ class RunSummary:
     usd_per_sample: float | None
     steady_steps: int
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    # The time and cost to `compare --target`'s target (None: no target asked for). A baseline file keeps
+    # no metric curve: its runs say so rather than carry a figure from another target.
+    to_target: RunToTarget | None = None
 
     def value(self, metric: str) -> float | None:
         return {
@@ -99,11 +104,12 @@ def fingerprint(run: Run) -> dict[str, Any]:
     }
 
 
-def summarize_run(run: Run, analysis: RunAnalysis | None = None) -> RunSummary:
+def summarize_run(run: Run, analysis: RunAnalysis | None = None, target: Target | None = None) -> RunSummary:
     """The run's headline figures, as the report states them (one definition: tuneup.analyze.throughput):
     steady-state mean throughput, the mean steady step, peak memory, and USD per sample at the recorded
-    price. `analysis`: the run's analysis where the caller has it already."""
-    analysis = analysis if analysis is not None else analyze_run(run)
+    price; with `target`, its time and cost to it (the convergence section's). `analysis`: the run's
+    analysis where the caller has it already (made with `target` where one is given)."""
+    analysis = analysis if analysis is not None else analyze_run(run, target=target)
     rates = analysis.throughput
     throughput, unit = rates.samples_per_s, "samples/s"
     if throughput is None and rates.steps_per_s is not None:
@@ -125,6 +131,11 @@ def summarize_run(run: Run, analysis: RunAnalysis | None = None) -> RunSummary:
         usd_per_sample=1.0 / samples_per_usd if samples_per_usd else None,
         steady_steps=min((r.steps for r in analysis.step_time.per_rank), default=0),
         fingerprint=fingerprint(run),
+        to_target=None
+        if target is None
+        else run_to_target(
+            run.run_id, analysis.convergence.target if analysis.convergence is not None else None
+        ),
     )
 
 
@@ -154,34 +165,43 @@ class Side:
         return self.runs[0].fingerprint if self.runs else {}
 
 
-def _load_one(path: str | Path) -> RunSummary:
-    return summarize_run(load_run(path))
+def _load_one(path: str | Path, target: Target | None = None) -> RunSummary:
+    return summarize_run(load_run(path), target=target)
 
 
-def load_side(path: str | Path) -> Side:
+def _without_curves(side: Side, target: Target | None) -> Side:
+    """A baseline file's runs, each saying it has no time to `target` (the file keeps no metric curve)."""
+    if target is None or side.kind != "baseline file":
+        return side
+    why = "a baseline file keeps no metric curve; compare with the run directories"
+    runs = tuple(replace(r, to_target=RunToTarget(r.run_id, "unknown", why)) for r in side.runs)
+    return Side(side.label, side.kind, runs)
+
+
+def load_side(path: str | Path, target: Target | None = None) -> Side:
     """A run directory (or a run's URL on object storage), a directory of run directories, or a baseline
-    file; CompareInputError otherwise."""
+    file; CompareInputError otherwise. With `target`, each run's time and cost to it too."""
     from tuneup.record.remote import is_url
 
     if is_url(path):
-        return _load_url_side(str(path))
+        return _without_curves(_load_url_side(str(path), target), target)
     p = Path(path)
     if not p.exists():
         raise CompareInputError(
             f"{p}: no such file or directory; give a run directory, a set of runs or a baseline file"
         )
     if p.is_file():
-        return load_baseline(p)
+        return _without_curves(load_baseline(p), target)
     try:
         if (p / MANIFEST_FILE).is_file():
-            return Side(str(p), "run", (_load_one(p),))
+            return Side(str(p), "run", (_load_one(p, target),))
         subdirs = sorted(q for q in p.iterdir() if q.is_dir() and (q / MANIFEST_FILE).is_file())
         if not subdirs:
             raise CompareInputError(
                 f"{p}: an empty set: neither a run (no {MANIFEST_FILE}) nor a directory of runs; "
                 "point at what `tuneup bench` or TuneupCallback wrote"
             )
-        runs = tuple(_load_one(q) for q in subdirs)
+        runs = tuple(_load_one(q, target) for q in subdirs)
     except RunRecordError as exc:
         raise CompareInputError(str(exc)) from None
     side = Side(str(p), "set", runs)
@@ -215,11 +235,13 @@ def baseline_document(runs: Sequence[RunSummary], *, created: str | None = None)
         "created": created or now,
         "updated": now,
         "fingerprint": runs[0].fingerprint if runs else {},
-        "runs": [{k: v for k, v in r.as_dict().items() if k != "fingerprint"} for r in runs],
+        "runs": [
+            {k: v for k, v in r.as_dict().items() if k not in ("fingerprint", "to_target")} for r in runs
+        ],
     }
 
 
-def _load_url_side(url: str) -> Side:
+def _load_url_side(url: str, target: Target | None = None) -> Side:
     """A run's URL on object storage, or a baseline file's (a .json object)."""
     if url.endswith(".json"):
         import tempfile
@@ -237,7 +259,7 @@ def _load_url_side(url: str) -> Side:
             side = load_baseline(local)
         return Side(url, side.kind, side.runs)
     try:
-        return Side(url, "run", (_load_one(url),))
+        return Side(url, "run", (_load_one(url, target),))
     except RunRecordError as exc:
         raise CompareInputError(str(exc)) from None
 

@@ -372,7 +372,7 @@ def _cmd_tune(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         print(f"tuneup tune: interrupted; continue with: tuneup tune --resume {tune_dir}", file=sys.stderr)
         return 130
     print()
-    print(format_tune_text(session.state))
+    print(format_tune_text(session.state, tune_dir))
     written = write_tune_report(tune_dir, None)
     for path in written:
         if path.suffix != ".png":

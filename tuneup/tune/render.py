@@ -754,6 +754,39 @@ def _page_subtitle(state: TuneState) -> str:
     return " · ".join(parts)
 
 
+CONVERGENCE_ID = "convergence"
+
+
+def convergence_check_of(state: TuneState, tune_dir: Path) -> Any:
+    """Where the objective is time or $ to a target and the baseline's trial recorded a quality target's
+    curve (TuneupCallback(target=...) records one with each trial), how the goodput model's steps to it
+    stand against that curve and the best trial's (tuneup.advise.convergence.ConvergenceCheck); None
+    otherwise, and None where a trial's record cannot be read: the report goes on without it."""
+    if objective_of(state).name not in ("time", "cost"):
+        return None
+    trials = [t for t in (state.baseline, best_trial_of(state)) if t is not None and t.run_dir]
+    unique = list({t.run_dir: t for t in trials}.values())
+    if not unique or unique[0] is not state.baseline:
+        return None
+    try:
+        from tuneup.advise.convergence import convergence_check
+        from tuneup.report import analyze
+
+        analyses = [analyze(tune_dir / str(t.run_dir)) for t in unique]
+        return convergence_check(analyses)
+    except Exception as exc:  # a trial's record gone or damaged: the statement is left out (debug log)
+        logger.debug("tune report: no convergence check (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+def _convergence_section(check: Any) -> Section:
+    return Section(
+        CONVERGENCE_ID,
+        "Goodput model against the recorded curve",
+        (Bullets(tuple(check.lines)),),
+    )
+
+
 def _footer(tune_dir: Path) -> str:
     return f"Generated {fmt.unix_time(time.time())} by tuneup {__version__} from {tune_dir / TUNE_FILE}."
 
@@ -786,9 +819,16 @@ def write_tune_report(
             else:  # an older figure in the same folder would look current
                 (target / PLOT_NAME).unlink(missing_ok=True)
         sections = tune_sections(state, plots)
+        check = convergence_check_of(state, tune_dir)
+        if check is not None:
+            sections.append(_convergence_section(check))
         title, subtitle, footer = _page_title(state), _page_subtitle(state), _footer(tune_dir)
         if "json" in wanted:
             document = {**state.as_dict(), "rendered": rendered_summary(state)}
+            if check is not None:
+                from tuneup.analyze.model import to_json
+
+                document["convergence_check"] = to_json(check)
             (scratch / JSON_NAME).write_text(json_text(finite(document)), encoding="utf-8")
             names.append(JSON_NAME)
         if "md" in wanted:
@@ -820,9 +860,16 @@ def _indented(text: str, prefix: str = "    ") -> list[str]:
     return [prefix + line if line else "" for line in text.splitlines()]
 
 
-def format_tune_text(state: TuneState) -> str:
+def format_tune_text(state: TuneState, tune_dir: Path | None = None) -> str:
     """The session's summary for the terminal: the trials table, the winner with its gain and verdict, and
-    the settings to apply (or the sentence that says to keep the current ones). No trailing newline."""
+    the settings to apply (or the sentence that says to keep the current ones); with `tune_dir`, the goodput
+    model against the recorded curve where there is one (convergence_check_of). No trailing newline."""
+    text = _tune_text(state)
+    check = convergence_check_of(state, tune_dir) if tune_dir is not None else None
+    return text if check is None else "\n".join([text, "", *check.lines])
+
+
+def _tune_text(state: TuneState) -> str:
     objective = objective_of(state)
     lines = [f"tuneup tune: {objective.describe()}, {_trial_counts(state)}"]
     if state.stopped_because:
