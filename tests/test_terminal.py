@@ -77,6 +77,12 @@ def test_layout_is_the_readmes(example: RunAnalysis) -> None:
         "  communication: ",
         "  hardware: process CPU ",
         "  cost: ",
+        # The convergence block: the demo's target, then each logged metric (issue 28).
+        "",
+        "  target: val_loss<=1.55 reached at step ",
+        "  metrics logged (best, when, since the best):",
+        *(f"    {curve.name}: best " for curve in example.convergence.metrics),  # type: ignore[union-attr]
+        "  gradient norm ",
     ]
     # The recommendations close the summary: a blank line, their header, then one line each.
     header = next(i for i, line in enumerate(lines) if line.startswith("  recommendations ("))
@@ -89,7 +95,7 @@ def test_layout_is_the_readmes(example: RunAnalysis) -> None:
         assert line.startswith(prefix), (line, prefix)
     comm = example.communication
     assert comm is not None and comm.comm_ms_per_step and comm.share_of_step and comm.exposed_ms_per_step
-    assert lines[-3] == (
+    assert lines[-7 - len(example.convergence.metrics)] == (  # type: ignore[union-attr]
         f"  communication: {comm.comm_ms_per_step:,.2f} ms of collectives per step "
         f"({comm.share_of_step:.1%} of the step), {comm.exposed_ms_per_step:,.2f} ms of it waited for"
     )
