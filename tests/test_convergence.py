@@ -370,11 +370,14 @@ def test_a_real_lightning_run_reaches_its_target(
 
 
 def test_a_nan_training_loss_is_divergence(tmp_path: Path) -> None:
-    # steps.jsonl writes a non-finite loss as null today, so the run is changed in memory, as a reader that
-    # keeps it would give it (a NaN training loss logged with self.log is in metrics.jsonl, which keeps it).
-    run = load_run(write_run(tmp_path / "r", ranks=2))
-    for s in run.ranks[1].steps[120:]:
-        s.loss = math.inf
+    # steps.jsonl writes a non-finite loss as null (JSON has no NaN): the writer's nonfinite_loss event,
+    # recorded at the first such step of each rank, is what tells it from a loss never measured.
+    path = write_run(
+        tmp_path / "r", ranks=2, loss=lambda rank, step: math.inf if rank == 1 and step >= 120 else 2.0
+    )
+    run = load_run(path)
+    assert all(s.loss is None for s in run.ranks[1].steps[120:])  # as written: null
+    assert [e["step"] for e in run.ranks[1].events if e.get("kind") == "nonfinite_loss"] == [120]
     analysis = analyze_run(run, PRICE)
     conv = analysis.convergence
     assert conv is not None and (conv.train_loss_nonfinite_step, conv.train_loss_nonfinite_rank) == (120, 1)

@@ -368,8 +368,16 @@ def _grad_norm(run: Run) -> GradNorm | None:
 
 
 def _nonfinite_loss(run: Run) -> tuple[int | None, int | None]:
-    """The first step (and its rank) whose recorded training loss was NaN or infinite: the run diverged."""
-    first: tuple[int, int] | None = None
+    """The first step (and its rank) whose training loss was NaN or infinite: the run diverged. The writer
+    records the first such step of each rank as a `nonfinite_loss` event (steps.jsonl holds the loss as null,
+    which reads as not measured); a loss held in memory as NaN counts too."""
+    found = [
+        (event["step"], r)
+        for r, rec in run.ranks.items()
+        for event in rec.events
+        if event.get("kind") == "nonfinite_loss" and isinstance(event.get("step"), int)
+    ]
+    first: tuple[int, int] | None = min(found) if found else None
     for r, rec in run.ranks.items():
         for s in rec.steps:
             if s.loss is not None and not math.isfinite(s.loss):

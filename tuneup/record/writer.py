@@ -424,6 +424,9 @@ class RankWriter:
         self._window_id: int | None = None
         self.steps_seen = 0
         self.steps_kept = 0
+        # The first step whose training loss was NaN or infinite has been recorded as an event: steps.jsonl
+        # writes such a loss as null (JSON has no NaN), which would read as "not measured", not "diverged".
+        self._nonfinite_loss_recorded = False
         self.last_step: int | None = None
         self._info: dict[str, Any] = {}
         self.usable = True
@@ -505,6 +508,10 @@ class RankWriter:
                 record = {k: v for k, v in record.items() if k != "_collectives"}
             step = record["step"]
             row = tuple(map(record.get, _WINDOW_FIELDS))
+        loss = record.loss if isinstance(record, StepRecord) else record.get("loss")
+        if not self._nonfinite_loss_recorded and isinstance(loss, float) and not math.isfinite(loss):
+            self._nonfinite_loss_recorded = True
+            self.add_event("nonfinite_loss", step=step, value=_NONFINITE.get(loss, "nan"))
         window_id = step // self.policy.window_steps
         if self._window_id is not None and window_id != self._window_id:
             self._emit_window()
