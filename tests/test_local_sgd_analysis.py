@@ -23,7 +23,7 @@ from tuneup.advise.outcomes import Economics
 from tuneup.advise.step_model import fit_step_model
 from tuneup.analyze.model import LinkCheck, RunAnalysis
 from tuneup.record import RankWriter, load_run, write_manifest
-from tuneup.record.schema import StepRecord
+from tuneup.record.schema import MetricRecord, StepRecord
 from tuneup.report import analyze
 from tuneup.report.markdown import render_markdown
 
@@ -84,7 +84,7 @@ def _step(s: int) -> dict:
     return record
 
 
-def _write_local_sgd_run(path: Path) -> Path:
+def _write_local_sgd_run(path: Path, validation_steps: tuple[int, ...] = ()) -> Path:
     write_manifest(
         path,
         {
@@ -109,6 +109,8 @@ def _write_local_sgd_run(path: Path) -> Path:
         w.add_event("sync_strategy", **described)
         for s in range(STEPS):
             w.add_step(_step(s))
+            if s + 1 in validation_steps:  # val_loss read after s + 1 optimizer steps
+                w.add_metric(MetricRecord("val_loss", 2.0 - s / 100, s + 1, 1.0 + s, "validation"))
             if s + 1 == WARMUP:
                 w.add_event("sync_started", step=WARMUP, mode="local", label=label)
         w.add_event(
@@ -302,3 +304,17 @@ def test_a_faster_link_saves_what_the_mean_step_waited_not_the_warmups_wait_at_e
     assert predicted.step_ms.value == pytest.approx(
         ctx.current.step_ms.value * (o.step_mean_ms - waited_ms / 2) / o.step_mean_ms
     )
+
+
+def test_validations_between_parameter_averages_are_named(tmp_path: Path) -> None:
+    """Averages follow local steps 35, 39, ... (every PERIOD-th from the start at 32): a validation after 36
+    or 40 steps reads the averaged model, one after 34 or 42 each rank's drifted own; the exact warm-up's (20)
+    are the same model on every rank."""
+    run = analyze(_write_local_sgd_run(tmp_path / "misaligned", validation_steps=(20, 34, 36, 42, 44)))
+    assert run.convergence is not None and run.convergence.local_sgd_period == PERIOD
+    assert run.convergence.validations_between_averages == [34, 42]
+    (finding,) = [f for f in run.findings if f.id == "validation_between_averages"]
+    assert "34, 42" in finding.evidence and f"a multiple of {PERIOD}" in finding.evidence
+    aligned = analyze(_write_local_sgd_run(tmp_path / "aligned", validation_steps=(20, 36, 40, 44)))
+    assert aligned.convergence is not None and aligned.convergence.validations_between_averages == []
+    assert not [f for f in aligned.findings if f.id == "validation_between_averages"]

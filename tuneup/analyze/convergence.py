@@ -45,6 +45,7 @@ from tuneup.analyze.model import (
     Throughput,
 )
 from tuneup.analyze.projection import project_to_target
+from tuneup.analyze.sync_strategy import strategy_phases
 from tuneup.record.schema import MetricRecord, Run
 from tuneup.target import Target, TargetError, parse_target
 
@@ -81,7 +82,14 @@ DRIFT_RULE = (
 
 # The ids of the findings this module adds to the report's list (the report's section shows these).
 FINDING_IDS = frozenset(
-    {"metric_plateau", "metric_nonfinite", "metric_spike", "rank_loss_drift", "grad_norm_spike"}
+    {
+        "metric_plateau",
+        "metric_nonfinite",
+        "metric_spike",
+        "rank_loss_drift",
+        "grad_norm_spike",
+        "validation_between_averages",
+    }
 )
 
 # Long words may sit inside a word of the name (trainloss, val_error_rate); short ones must be a whole word
@@ -527,6 +535,7 @@ def convergence_section(
         lowest = {name: ranks[min(ranks)] for name, ranks in by_name.items()}
         outcome = _target_outcome(target, given_by, curves, lowest, axes)
     nonfinite_step, nonfinite_rank = _nonfinite_loss(run)
+    period, unaveraged = _validations_between_averages(run, by_name)
     return Convergence(
         metrics=curves,
         usd_per_hour=usd_per_hour,
@@ -542,7 +551,31 @@ def convergence_section(
         notes=notes,
         train_loss_nonfinite_step=nonfinite_step,
         train_loss_nonfinite_rank=nonfinite_rank,
+        local_sgd_period=period,
+        validations_between_averages=unaveraged,
     )
+
+
+def _validations_between_averages(
+    run: Run, by_name: dict[str, dict[int, list[MetricRecord]]]
+) -> tuple[int | None, list[int]]:
+    """Under local SGD (TuneupDDPStrategy(local_sgd_period=H)): H, and the steps of validations that ran
+    between two parameter averages. There each rank evaluates its own drifted model (a `sync_dist` metric is
+    the mean of the ranks' results, not the averaged model's): the goodput benchmark's first local SGD runs,
+    validated two steps after each average, looked 11% slower to their target than they were. The parameters
+    are averaged after every H-th local step counted from the strategy's start, so a validation after S
+    optimizer steps follows an average when (S - start) is a multiple of H."""
+    phases = strategy_phases(run)
+    if phases is None or phases.local_sgd_period is None or phases.started_at is None:
+        return None, []
+    period, start = phases.local_sgd_period, phases.started_at
+    steps = {
+        m.step
+        for ranks in by_name.values()
+        for m in ranks[min(ranks)]
+        if m.source == "validation" and m.step > 0 and phases.local(m.step - 1)
+    }
+    return period, sorted(step for step in steps if (step - start) % period)
 
 
 def _at(p: CurvePoint) -> str:
@@ -617,6 +650,20 @@ def convergence_findings(conv: Convergence | None) -> list[Finding]:
                 f"{spread.step[0]:,}) to {spread.spread[-1]:.4g} (steps to {spread.step[-1]:,}), against "
                 f"{spread.noise[-1]:.4g} that the steps' scatter alone would give: the ranks' models or data "
                 f"differ ({spread.rule})",
+            )
+        )
+    if conv.validations_between_averages:
+        steps = conv.validations_between_averages
+        out.append(
+            Finding(
+                "validation_between_averages",
+                "warning",
+                f"{len(steps):,} validation(s) ran between local SGD's parameter averages",
+                f"with local_sgd_period={conv.local_sgd_period}, the validations at step(s) "
+                f"{', '.join(f'{s:,}' for s in steps[:5])}{' ...' if len(steps) > 5 else ''} evaluated each "
+                "rank's own model, drifted since the last average, not the averaged one: their metrics, and a "
+                "time to target read from them, understate the model. Validate right after an average: "
+                f"val_check_interval a multiple of {conv.local_sgd_period}, counted from the strategy's start",
             )
         )
     gn = conv.grad_norm

@@ -1145,6 +1145,10 @@ class Convergence:
     # The first step whose training loss (StepRecord.loss) was NaN or infinite on any rank, and that rank.
     train_loss_nonfinite_step: int | None = None
     train_loss_nonfinite_rank: int | None = None
+    # Local SGD (TuneupDDPStrategy(local_sgd_period=H)): H, and the steps of the validations that ran between
+    # two parameter averages, where each rank evaluated its own drifted model (empty: none did, or no local SGD).
+    local_sgd_period: int | None = None
+    validations_between_averages: list[int] = field(default_factory=list)
 
 
 # No slots: the report holds its advice on an analysis by a weak reference (tuneup/report/advice.py), which a
