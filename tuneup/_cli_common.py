@@ -1,4 +1,4 @@
-"""What the `tuneup` commands share: the error for bad input, and the RUN_DIR argument.
+"""What the `tuneup` commands share: the error for bad input, the RUN_DIR argument, and --target.
 
 Its own module so that a command defined elsewhere (`tuneup advise`) can use it without importing
 tuneup.cli, which imports every command to build its parser: that was an import circle.
@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
+
+from tuneup.target import Target, TargetError, parse_target
 
 # How far below a RUN_DIR that is not a run to look for one: `reports/demo/run` is one level down,
 # `reports/bench/<time>/candidate/run-00` (a set) two. Deeper would walk whole trees of runs.
@@ -66,3 +69,15 @@ def resolve_run_dir(path: str | Path, command: str) -> str | Path:
         f"{path} is not a run but holds {len(runs)} runs ({shown}{more}); pass one of them, "
         f"e.g. tuneup {command} {runs[0]}"
     )
+
+
+def target_option(args: Any) -> Target | None:
+    """The command's --target, parsed (None where not given); UsageError with TargetError's message for one
+    that cannot be read. `tuneup report`, `show` and `advise` take it so."""
+    text = getattr(args, "target", None)
+    if text is None:
+        return None
+    try:
+        return parse_target(text)
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None

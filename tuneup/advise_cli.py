@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tuneup._cli_common import target_option
 from tuneup.advise import Advice, AdviceOptions
 from tuneup.advise.model import MIN_GAIN
 
@@ -236,7 +237,7 @@ def cmd_advise(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         raise usage_error(
             "give a run directory (or report.json) to advise on, or --measure -- COMMAND to record one"
         )
-    target = _target(args, usage_error)
+    target = target_option(args)
     analyses = [_load(p, usage_error, target) for p in args.runs]
     options = _options(args, usage_error)
     result = _advise(analyses, options, usage_error)
@@ -252,18 +253,6 @@ def cmd_advise(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         )
     print(render(result, args.format, _check(analyses, result)), end="")
     return 0
-
-
-def _target(args: argparse.Namespace, usage_error: type[Exception]) -> Any:
-    from tuneup.target import TargetError, parse_target
-
-    text = getattr(args, "target", None)
-    if text is None:
-        return None
-    try:
-        return parse_target(text)
-    except TargetError as exc:
-        raise usage_error(str(exc)) from None
 
 
 def _check(analyses: list[Any], advice: Advice) -> Any:
@@ -371,7 +360,7 @@ def _cmd_measure(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         )
     measure_options = _measure_options(args, usage_error)
     options = _options(args, usage_error)  # checked before any trial runs
-    target = _target(args, usage_error)
+    target = target_option(args)
     given = [(str(p), _load(p, usage_error, target)) for p in args.runs]
     # The advice document is stdout's; with --format json what the trials do goes to stderr.
     stream = sys.stderr if args.format == "json" else sys.stdout

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuneup._cli_common import UsageError, resolve_run_dir
+from tuneup._cli_common import UsageError, resolve_run_dir, target_option
 from tuneup._gc import cyclic_gc_paused
 from tuneup._version import __version__
 
@@ -64,19 +64,6 @@ def add_target_argument(parser: argparse.ArgumentParser) -> None:
         help="a quality target on a metric the run logged, e.g. 'val_loss<=2.1' or 'val_acc>=0.9': when and "
         "at what cost the run reached it, or a projection (default: the target the callback recorded)",
     )
-
-
-def target_option(args: argparse.Namespace) -> Target | None:
-    """--target, parsed; UsageError with TargetError's message for one that cannot be read."""
-    from tuneup.target import TargetError, parse_target
-
-    text = getattr(args, "target", None)
-    if text is None:
-        return None
-    try:
-        return parse_target(text)
-    except TargetError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
