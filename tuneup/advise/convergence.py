@@ -141,7 +141,7 @@ def _proposal(advice: Advice | None, batch: int) -> tuple[int, str, float | None
                 f"the batch advice's: {rec.title[:1].lower()}{rec.title[1:]}",
                 step_ratio,
             )
-    return 2 * batch, "twice the run's global batch (the batch advice proposes none)", None
+    return 2 * batch, "twice the run's; the batch advice proposes none", None
 
 
 def _steps(value: float) -> str:
