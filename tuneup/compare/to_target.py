@@ -17,13 +17,14 @@ overlap (a projection that could still land either way fails nothing).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from tuneup.analyze.model import TargetOutcome
+from tuneup.analyze.model import TargetOutcome, to_json
 from tuneup.compare.stats import median
+from tuneup.report.format import usd
+from tuneup.report.sections.convergence import elapsed
 
 REACHED = "reached"
 PROJECTED = "projected"
@@ -171,37 +172,11 @@ class TargetComparison:
     verdict: str
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        for side in ("baseline", "candidate"):
-            out[side]["reasons"] = list(out[side]["reasons"])
-            out[side]["per_run"] = list(out[side]["per_run"])
-        return _finite(out)
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no infinity: a figure that overflowed is null."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+        """As JSON: the analysis's own conversion (tuples as lists, a figure that overflowed as null)."""
+        return to_json(self)  # type: ignore[no-any-return]
 
 
 # -- the verdict -------------------------------------------------------------------------------------
-
-
-def _elapsed(hours: float | None) -> str:
-    from tuneup.report.sections.convergence import elapsed
-
-    return elapsed(hours)
-
-
-def _usd(value: float | None) -> str:
-    from tuneup.report.format import usd
-
-    return usd(value)
 
 
 def _span(low: float | None, high: float | None, show: Any) -> str:
@@ -215,9 +190,9 @@ def side_figure(s: SideToTarget) -> str:
     if s.status == NO_FIGURE:
         return "no figure: " + ("; ".join(s.reasons) or "no run")
     spread = s.status == PROJECTED or s.reached > 1
-    hours = _elapsed(s.hours) + (_span(s.hours_low, s.hours_high, _elapsed) if spread else "")
+    hours = elapsed(s.hours) + (_span(s.hours_low, s.hours_high, elapsed) if spread else "")
     money = (
-        f" and {_usd(s.usd)}" + (_span(s.usd_low, s.usd_high, _usd) if spread else "")
+        f" and {usd(s.usd)}" + (_span(s.usd_low, s.usd_high, usd) if spread else "")
         if s.usd is not None
         else " ($ unknown: not priced)"
     )
@@ -232,12 +207,12 @@ def side_figure(s: SideToTarget) -> str:
 
 def run_figure(r: RunToTarget) -> str:
     """One run's line under its side: 'reached at step 120 after 0.42 h and $0.50', or why not."""
-    money = f" and {_usd(r.usd)}" if r.usd is not None else ""
+    money = f" and {usd(r.usd)}" if r.usd is not None else ""
     at = f" at step {r.step:,.0f}" if r.step is not None else ""
     if r.status == REACHED:
-        return f"reached{at} after {_elapsed(r.hours)}{money}"
+        return f"reached{at} after {elapsed(r.hours)}{money}"
     if r.status == PROJECTED:
-        return f"projected{at}, {_elapsed(r.hours)}{_span(r.hours_low, r.hours_high, _elapsed)}{money} ({r.reason})"
+        return f"projected{at}, {elapsed(r.hours)}{_span(r.hours_low, r.hours_high, elapsed)}{money} ({r.reason})"
     return f"{r.status.replace('_', ' ')}: {r.reason}"
 
 
