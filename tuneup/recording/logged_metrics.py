@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuneup.record.schema import METRIC_SOURCES, MetricRecord
+from tuneup.record.schema import MetricRecord
 from tuneup.target import Target
 
 # Names that are the trainer's axes, not metrics (Lightning's loggers take "step" as the x-axis and add
@@ -95,9 +95,8 @@ class LoggedMetrics:
         samples: int | None = None,
     ) -> None:
         """Take one read of `values` (name -> a number or a scalar tensor, on any device), at `step`.
-        Reads no device tensor's value: copies start here, values are read by `drain`."""
-        if source not in METRIC_SOURCES:
-            raise ValueError(f"unknown metric source {source!r}: one of {', '.join(METRIC_SOURCES)}")
+        Reads no device tensor's value: copies start here, values are read by `drain`. `source` is one of
+        METRIC_SOURCES (the session checks it before it calls)."""
         read = _Read(source, int(step), epoch, samples, time.time(), [])
         groups: dict[tuple[Any, Any], tuple[list[str], list[Any]]] = {}
         for name, value in values.items():
