@@ -24,7 +24,7 @@ from typing import Any
 from tuneup.analyze.model import TargetOutcome, to_json
 from tuneup.compare.stats import median
 from tuneup.report.format import usd
-from tuneup.report.sections.convergence import elapsed
+from tuneup.report.sections.convergence import elapsed, span
 
 REACHED = "reached"
 PROJECTED = "projected"
@@ -179,20 +179,14 @@ class TargetComparison:
 # -- the verdict -------------------------------------------------------------------------------------
 
 
-def _span(low: float | None, high: float | None, show: Any) -> str:
-    if low is None and high is None:
-        return ""
-    return f" [{show(low) if low is not None else '?'}, {show(high) if high is not None else 'open'}]"
-
-
 def side_figure(s: SideToTarget) -> str:
     """'0.42 h [0.38, 0.47] and $0.50 (projected)', or why there is none."""
     if s.status == NO_FIGURE:
         return "no figure: " + ("; ".join(s.reasons) or "no run")
     spread = s.status == PROJECTED or s.reached > 1
-    hours = elapsed(s.hours) + (_span(s.hours_low, s.hours_high, elapsed) if spread else "")
+    hours = elapsed(s.hours) + (span(s.hours_low, s.hours_high, elapsed) if spread else "")
     money = (
-        f" and {usd(s.usd)}" + (_span(s.usd_low, s.usd_high, usd) if spread else "")
+        f" and {usd(s.usd)}" + (span(s.usd_low, s.usd_high, usd) if spread else "")
         if s.usd is not None
         else " ($ unknown: not priced)"
     )
@@ -212,7 +206,9 @@ def run_figure(r: RunToTarget) -> str:
     if r.status == REACHED:
         return f"reached{at} after {elapsed(r.hours)}{money}"
     if r.status == PROJECTED:
-        return f"projected{at}, {elapsed(r.hours)}{_span(r.hours_low, r.hours_high, elapsed)}{money} ({r.reason})"
+        return (
+            f"projected{at}, {elapsed(r.hours)}{span(r.hours_low, r.hours_high, elapsed)}{money} ({r.reason})"
+        )
     return f"{r.status.replace('_', ' ')}: {r.reason}"
 
 

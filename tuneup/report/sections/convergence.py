@@ -74,7 +74,7 @@ def _at(point: CurvePoint) -> str:
     return ", ".join(parts)
 
 
-def _span(low: float | None, high: float | None, show: Callable[[float], str]) -> str:
+def span(low: float | None, high: float | None, show: Callable[[float], str]) -> str:
     """An interval after its figure: " [low, high]", "open" where it has no upper bound."""
     if low is None and high is None:
         return ""
@@ -92,14 +92,14 @@ def target_line(outcome: TargetOutcome) -> str:
             f"({outcome.metric} = {_value(p.value)})"
         )
     if outcome.status == "projected" and is_number(outcome.step):
-        steps = f"step {count(outcome.step)}" + _span(outcome.step_low, outcome.step_high, count)
+        steps = f"step {count(outcome.step)}" + span(outcome.step_low, outcome.step_high, count)
         hours = (
-            f", {elapsed(outcome.hours)}" + _span(outcome.hours_low, outcome.hours_high, elapsed)
+            f", {elapsed(outcome.hours)}" + span(outcome.hours_low, outcome.hours_high, elapsed)
             if is_number(outcome.hours)
             else ", hours unknown (no steady step time)"
         )
         money = (
-            f", {usd(outcome.usd)}" + _span(outcome.usd_low, outcome.usd_high, usd)
+            f", {usd(outcome.usd)}" + span(outcome.usd_low, outcome.usd_high, usd)
             if is_number(outcome.usd)
             else ", $ unknown (no price)"
         )
