@@ -111,6 +111,8 @@ class RunInfo:
     adapter: str | None = None
     # How FSDP2 wrapped the model, read once it was wrapped (the manifest's model.fsdp); None: no FSDP2 unit.
     fsdp: FsdpSettings | None = None
+    # The run's tags (`TuneupCallback(tags=...)`, `TUNEUP_TAGS`): project, user, experiment, anything.
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1180,6 +1182,59 @@ class RunAnalysis:
     # The metrics the training logged and a quality target; None where the run logged none (and in older
     # reports).
     convergence: Convergence | None = None
+    # Where the run's time and dollars went; None where no rank recorded a step (and in older reports).
+    badput: Badput | None = None
+
+
+# -- badput ledger (where the run's time and money went) ----------------------------------------------
+
+
+# The ledger's categories, in the order a report lists them. `productive_compute` is the training steps'
+# own work; every other one is badput unless the ledger's settings count it as useful (validation).
+BADPUT_CATEGORIES = (
+    "productive_compute",
+    "startup",  # the fit's setup and sanity check, and the first step's extra time (compilation, warm-up)
+    "data_wait",  # the training steps' wait for their batch
+    "exposed_communication",  # collectives the step waited for, less the waits for a late rank
+    "sync_wait",  # waits for other ranks: for a late rank at the collectives, the trainer's own barriers
+    "validation",
+    "checkpoint_saves",
+    "restarts",  # downtime between segments, and the steps a resumed segment did again
+    "idle_devices",  # a rank's device paid but outside its fit while the others ran (late start, early end)
+    "other",  # the fit loop's own time between steps, teardown, what no record names
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BadputCategory:
+    """One category of the run's wall time: seconds (the mean over ranks, summed over segments), share of
+    the ledger's wall time, and dollars at the run's price."""
+
+    name: str  # one of BADPUT_CATEGORIES
+    seconds: float = decimals(3)
+    share: float = decimals(4)
+    usd: float | None = significant(6)  # None where the run has no price
+    useful: bool  # counted as useful work: productive compute, and validation where the setting says so
+    basis: str  # how it was measured, in a phrase
+    judgement: str | None = None  # why counting it as badput is a judgement call, where it is one
+
+
+@dataclass(frozen=True, slots=True)
+class Badput:
+    """Where the run's wall time and dollars went: productive compute and named badput, adding up to the
+    whole (tuneup/analyze/badput.py). Dollars are device-time at the run's price, as the cost section's."""
+
+    wall_s: float = decimals(3)  # what the categories add up to: the fit's wall time, restarts included
+    usd: float | None = significant(9)  # the same time's dollars; None where the run has no price
+    device_hours: float = decimals(6)  # wall time x ranks, summed over segments
+    categories: list[BadputCategory]
+    useful_s: float = decimals(3)
+    useful_share: float = decimals(4)  # goodput, in time: useful seconds over the wall time
+    badput_usd: float | None = significant(9)
+    validation_useful: bool  # the setting: validation counted as useful work (`--validation-useful`)
+    segments: int  # the run's segments (restarts and resumes) the ledger covers
+    # What the ledger leaves out, each a sentence (the process's start before the fit: imports and launch).
+    not_included: list[str] = field(default_factory=list)
 
 
 # -- JSON --------------------------------------------------------------------------------------------
