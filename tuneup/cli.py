@@ -91,6 +91,11 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         "--target-tokens", metavar="N", type=float, help="also project time and cost to N tokens"
     )
     group.add_argument("--target-steps", metavar="N", type=int, help="also project time and cost to N steps")
+    group.add_argument(
+        "--validation-useful",
+        action="store_true",
+        help="the badput ledger counts validation as useful work (model selection, early stopping), not badput",
+    )
 
 
 def cost_options(args: argparse.Namespace) -> CostOptions | None:
@@ -127,6 +132,7 @@ def cost_options(args: argparse.Namespace) -> CostOptions | None:
         electricity_usd_per_kwh=args.electricity_price,
         target_tokens=args.target_tokens,
         target_steps=args.target_steps,
+        validation_useful=bool(getattr(args, "validation_useful", False)),
     )
     return options if options != CostOptions() else None
 

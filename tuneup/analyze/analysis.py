@@ -10,6 +10,7 @@ import dataclasses
 import time
 
 from tuneup._version import __version__
+from tuneup.analyze.badput import badput_ledger
 from tuneup.analyze.communication import communication_section
 from tuneup.analyze.contention import cpu_contention
 from tuneup.analyze.convergence import convergence_findings, convergence_section
@@ -100,6 +101,16 @@ def analyze_run(
         )
     money = cost_section(run, inputs, info, rates, tel, fit_timeline)
     convergence = convergence_section(run, info, rates, money, target)
+    all_segments = segments or [run]
+    restarts = interruptions_section(all_segments, per_device_hour)
+    first_timeline = fit_timeline if len(all_segments) == 1 else timeline(all_segments[0])
+    ledger = badput_ledger(
+        all_segments,
+        restarts,
+        per_device_hour,
+        before_fit_s=first_timeline.before_fit_s if first_timeline else None,
+        validation_useful=bool(cost and cost.validation_useful),
+    )
     return RunAnalysis(
         report_schema_version=REPORT_SCHEMA_VERSION,
         generated_unix=round(time.time(), 3),
@@ -119,11 +130,12 @@ def analyze_run(
         + findings(info, warm_up, steps, loading, tel, comm, ranks.straggler)
         + convergence_findings(convergence),
         warnings=warnings,
-        interruptions=interruptions_section(segments or [run], per_device_hour),
+        interruptions=restarts,
         timeline=fit_timeline,
         operators=operators_section(run, {k: p.ms for k, p in steps.phases.items()}, steps.mean_ms),
         noise_scale=noise_scale_section(run, steady),
         sync_strategy=sync_strategy_section(run, steady),
         memory=memory_section(run),
         convergence=convergence,
+        badput=ledger,
     )

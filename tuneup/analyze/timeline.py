@@ -75,18 +75,26 @@ def first_step_extra_s(rec: RankRecord) -> float | None:
     return finite(max(0.0, walls[0] - statistics.median(walls[max(1, warm) :])) / 1000.0)
 
 
-def training_steps_s(rec: RankRecord) -> tuple[float, int]:
-    """Seconds spent in this rank's training steps, and how many: from the windows, which aggregate every
-    step, where there are any; else from the steps kept."""
+def step_total_s(rec: RankRecord, metric: str = "wall_ms") -> tuple[float, int]:
+    """Seconds of `metric` (a step's time or one of its parts: "wall_ms", "data_ms", "comm_exposed_ms",
+    "sync_ms") summed over this rank's training steps, and over how many steps: from the windows, which
+    aggregate every step, where there are any; else from the steps kept. A step without the metric (no
+    timed collective) adds nothing."""
     total_ms, count = 0.0, 0
     for window in rec.windows:
-        wall = window.stats.get("wall_ms")
-        if wall and "mean" in wall and "n" in wall:
-            total_ms += wall["mean"] * wall["n"]
-            count += int(wall["n"])
+        stats = window.stats.get(metric)
+        if stats and "mean" in stats and "n" in stats:
+            total_ms += stats["mean"] * stats["n"]
+        count += window.count
     if count < len(rec.steps):  # no windows (an old or truncated record): the kept steps are all there is
-        total_ms, count = sum(s.wall_ms for s in rec.steps), len(rec.steps)
+        values = [getattr(s, metric) for s in rec.steps]
+        total_ms, count = sum(v for v in values if v is not None), len(rec.steps)
     return total_ms / 1000.0, count
+
+
+def training_steps_s(rec: RankRecord) -> tuple[float, int]:
+    """Seconds spent in this rank's training steps, and how many."""
+    return step_total_s(rec, "wall_ms")
 
 
 def timed_events(rec: RankRecord, kind: str) -> list[tuple[float | None, float]]:

@@ -24,6 +24,8 @@ class CostOptions:
     electricity_usd_per_kwh: float | None = None
     target_tokens: float | None = None
     target_steps: int | None = None
+    # The badput ledger counts validation as useful work (model selection, early stopping), not as badput.
+    validation_useful: bool = False
 
 
 @dataclass(frozen=True)
