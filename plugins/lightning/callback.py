@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -119,6 +119,10 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             fit started, and the record holds a ``target_reached`` event; the manifest keeps the target, the
             default of ``tuneup report --target``. The run goes on: stopping is the trainer's choice
             (``EarlyStopping(stopping_threshold=...)``).
+        tags: the run's tags, ``{"project": "vision", "user": "ana", "experiment": "lr-sweep"}``, over
+            ``$TUNEUP_TAGS``'s (``project=vision,user=ana``): kept in the manifest, and what ``tuneup index``
+            and ``tuneup fleet`` group runs by. Checked now (a name or value that cannot be kept raises
+            ValueError).
 
     Without ``instance`` or ``price_per_hour``, the environment may price the run: ``TUNEUP_INSTANCE``
     (with ``TUNEUP_SPOT=1``, ``TUNEUP_CATALOG``) or ``TUNEUP_PRICE_PER_HOUR`` (with ``TUNEUP_PRICE_PER``).
@@ -160,6 +164,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
         profiling: ProfilingPolicy | None = None,
         pricing: PricingPolicy | None = None,
         target: str | Target | None = None,
+        tags: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         for name, fn in (("batch_size_fn", batch_size_fn), ("tokens_fn", tokens_fn)):
@@ -176,6 +181,7 @@ class TuneupCallback(*_callback_bases()):  # type: ignore[misc]
             pricing=pricing,
             owner=OWNER,
             target=target,
+            tags=tags,
             **options,
         )
         self.counter = BatchCounter(batch_size_fn, tokens_fn)

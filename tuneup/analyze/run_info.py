@@ -9,6 +9,7 @@ from tuneup.analyze.model import FsdpSettings, Hardware, RunInfo, Warmup
 from tuneup.analyze.steady import DECAY_RATIO, PLATEAU_MIN_STEPS, WARMUP_FACTOR, WARMUP_MAX_SHARE
 from tuneup.analyze.timeline import ENDED_REASONS, fit_span, rank_stop_reason
 from tuneup.record.schema import STOP_USER_INTERRUPT, RankRecord, Run
+from tuneup.tags import recorded_tags
 
 # Spelled from steady.py's constants, so the rule the report states is the rule that ran.
 WARMUP_RULE = (
@@ -126,6 +127,7 @@ def run_info(run: Run, t0: float, t_end: float) -> RunInfo:
         **_sampling(run),
         adapter=_adapter(run),
         fsdp=_fsdp(m.model.get("fsdp")),
+        tags=recorded_tags(m.raw.get("tags")),
     )
 
 

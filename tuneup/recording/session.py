@@ -80,6 +80,7 @@ from tuneup.recording.run_dir import (
     warn_if_not_shared,
 )
 from tuneup.recording.telemetry import start_sampler
+from tuneup.tags import TagError, run_tags
 from tuneup.target import Target, TargetError, parse_target
 
 # torch.cuda.max_memory_allocated builds the allocator's whole statistics dict (tens of microseconds):
@@ -131,6 +132,9 @@ class RecordingSession:
             ``tuneup report``), and when a recorded value first meets it, rank 0 says so in one line and
             each rank records a ``target_reached`` event (metric, value, step, elapsed_s). Checked now: a
             target that cannot be read raises ValueError.
+        tags: the run's tags (``{"project": "vision", "user": "ana"}``), over ``$TUNEUP_TAGS``'s
+            (``project=vision,user=ana``): kept in the manifest, grouped by in the fleet index and dashboard.
+            Checked now: a tag that cannot be kept raises ValueError.
         keywords: the policies' fields by their own names instead (``flush_every_steps=``, ``timing=``,
             ``instance=``...: TuneupCallback's keywords), for a policy not given whole; a keyword of a
             policy that is given too raises ValueError, naming both.
@@ -147,11 +151,16 @@ class RecordingSession:
         pricing: PricingPolicy | None = None,
         owner: str = "RecordingSession",
         target: Target | str | None = None,
+        tags: Mapping[str, Any] | None = None,
         **keywords: Any,
     ) -> None:
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
             raise TypeError(f"{owner}(dirpath=...) must be a path or None, got {type(dirpath).__name__}")
         self.target = _checked_target(owner, target)
+        try:
+            self.tags = run_tags(tags)
+        except TagError as exc:
+            raise ValueError(f"{owner}(tags=...): {exc}") from None
         given = {RecordingPolicy: recording, ProfilingPolicy: profiling, PricingPolicy: pricing}
         for cls, policy in given.items():
             if policy is not None and not isinstance(policy, cls):
@@ -513,6 +522,7 @@ class RecordingSession:
         )
         if self.target is not None:
             manifest["recording"]["target"] = str(self.target)  # the default target of `tuneup report`
+        manifest["tags"] = dict(self.tags)
         try:
             write_manifest(self.run_dir, manifest)  # type: ignore[arg-type]
         except OSError as exc:
