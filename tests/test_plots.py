@@ -26,6 +26,7 @@ SECTION_IDS = {sid for sid, _ in SECTIONS}
 # In page order: a section's figures follow the sections before it.
 EXPECTED_SECTIONS = {
     "fit_timeline.png": "timeline",
+    "badput.png": "badput",
     "step_breakdown.png": "step-time",
     "throughput.png": "timeseries",
     "step_time.png": "timeseries",
@@ -46,13 +47,14 @@ EXPECTED_SECTIONS = {
 # the recorded run at the end draws convergence_ranks.png from its two ranks' training losses.
 CONVERGENCE_PLOTS = {name for name in EXPECTED_SECTIONS if name.startswith("convergence_")}
 # The fixtures time no collectives; tests/test_report.py checks the communication plot of a real run.
-# The fixture reports predate the job timeline (report.json has no "timeline"): the recorded-run test at
-# the end draws fit_timeline.png.
+# The fixture reports predate the job timeline and the badput ledger (report.json has neither): the
+# recorded-run test at the end draws fit_timeline.png and badput.png.
 # Nor do they record gradient norms: tests/test_noise_scale.py draws noise_scale.png from a real run; nor a
 # synchronisation strategy: tests/test_sync_report.py draws sync_strategy.png from real runs.
 ALL_BUT_COMM = set(EXPECTED_SECTIONS) - {
     "communication.png",
     "fit_timeline.png",
+    "badput.png",
     "noise_scale.png",
     "sync_strategy.png",
     *CONVERGENCE_PLOTS,
@@ -786,7 +788,7 @@ def test_every_figure_of_1024_ranks_on_128_hosts_renders(
         files,
         tmp_path,
         set(EXPECTED_SECTIONS)
-        - {"fit_timeline.png", "noise_scale.png", "sync_strategy.png", *CONVERGENCE_PLOTS},
+        - {"fit_timeline.png", "badput.png", "noise_scale.png", "sync_strategy.png", *CONVERGENCE_PLOTS},
     )
     assert plot_warnings(caplog) == []
 
@@ -975,6 +977,6 @@ def test_a_recorded_run_through_analyze_run_renders_every_plot(
     original = copy.deepcopy(report)
     out = tmp_path / "plots"
     files = render_plots(report, out)
-    check_plot_files(files, out, ALL_BUT_COMM | {"fit_timeline.png", "convergence_ranks.png"})
+    check_plot_files(files, out, ALL_BUT_COMM | {"fit_timeline.png", "badput.png", "convergence_ranks.png"})
     assert report == original, "render_plots must not change the report it draws"
     assert plot_warnings(caplog) == []

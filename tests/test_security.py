@@ -544,6 +544,7 @@ def test_hostile_plot_labels_cost_no_figure(planted: dict[str, Any]) -> None:
     # raise on it and the figure would be dropped. Every figure this run has data for is drawn.
     assert planted["plots"] == sorted(
         [
+            "badput.png",
             "communication.png",
             "convergence_ranks.png",
             "fit_timeline.png",

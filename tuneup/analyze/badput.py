@@ -141,7 +141,6 @@ def badput_ledger(
     has a rank."""
     rows = interruptions.segments if interruptions and len(interruptions.segments) == len(segments) else None
     parts: list[_Seconds] = []
-    not_included: list[str] = []
     gaps_s = 0.0
     previous_end: float | None = None
     for i, run in enumerate(segments):
@@ -162,20 +161,6 @@ def badput_ledger(
         previous_end = t_end
     if not parts:
         return None
-    if gaps_s > 0:
-        not_included.append(
-            f"{gaps_s:.1f} s between segments that followed a completed or user-stopped one: no job ran then"
-        )
-    if before_fit_s is not None:
-        paid = (
-            f", {before_fit_s * segments[0].world_size * usd_per_device_hour / 3600.0:.4g} USD"
-            if usd_per_device_hour is not None
-            else ""
-        )
-        not_included.append(
-            f"{before_fit_s:.1f} s{paid} from the first process's start to its fit (imports, launch, data "
-            "preparation): outside the fit's wall time, which the ledger and the cost section price"
-        )
     totals = {name: sum(p.by_category[name] for p in parts) for name in BADPUT_CATEGORIES}
     usd = (
         {
@@ -213,5 +198,9 @@ def badput_ledger(
         else None,
         validation_useful=validation_useful,
         segments=len(segments),
-        not_included=not_included,
+        before_fit_s=before_fit_s,
+        before_fit_usd=finite(before_fit_s * segments[0].world_size * usd_per_device_hour / 3600.0)
+        if before_fit_s is not None and usd_per_device_hour is not None
+        else None,
+        gaps_between_segments_s=gaps_s,
     )

@@ -1233,8 +1233,12 @@ class Badput:
     badput_usd: float | None = significant(9)
     validation_useful: bool  # the setting: validation counted as useful work (`--validation-useful`)
     segments: int  # the run's segments (restarts and resumes) the ledger covers
-    # What the ledger leaves out, each a sentence (the process's start before the fit: imports and launch).
-    not_included: list[str] = field(default_factory=list)
+    # Left out of the ledger, as the cost section leaves them out: the first process's time before its fit
+    # (imports, launch, data preparation; None where not recorded), and the gaps between segments that
+    # followed a completed or user-stopped one (no job ran then).
+    before_fit_s: float | None = decimals(3, None)
+    before_fit_usd: float | None = significant(6, None)
+    gaps_between_segments_s: float = decimals(3, 0.0)
 
 
 # -- JSON --------------------------------------------------------------------------------------------

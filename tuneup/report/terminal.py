@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tuneup.analyze.model import Communication, Cost, Ranks, RankStep, RunAnalysis, StepTime, Telemetry
 from tuneup.report.format import (
+    aligned_table,
     duration,
     fraction_percent,
     is_number,
@@ -61,6 +62,7 @@ def render_terminal(analysis: RunAnalysis) -> str:
     lines.extend(_communication_lines(analysis.communication))
     lines.extend(_hardware_lines(analysis.telemetry))
     lines.extend(_cost_lines(analysis.cost))
+    lines.extend(_badput_lines(analysis))
     lines.extend(_convergence_lines(analysis))
     if not analysis.warmup.no_steady_state and st.per_rank:
         from tuneup.report.advice import advice_for, advice_text
@@ -216,6 +218,27 @@ def _cost_lines(cost: Cost | None) -> list[str]:
     if is_number(mfu):
         parts.append(f"MFU {fraction_percent(mfu)}")
     return ["  cost: " + "; ".join(parts)]
+
+
+def _badput_lines(analysis: RunAnalysis) -> list[str]:
+    """The ledger's sentence, then each category with time, share and dollars (the report's table)."""
+    from tuneup.report.sections.badput import label, ledger_line, shown
+
+    b = analysis.badput
+    if b is None:
+        return []
+    rows = [
+        (
+            label(c.name),
+            duration(c.seconds),
+            fraction_percent(c.share),
+            usd(c.usd) if is_number(c.usd) else "",
+            "useful" if c.useful else "badput",
+        )
+        for c in shown(b)
+    ]
+    table = aligned_table(("ledger", "time", "share", "cost", "counted as"), rows, (1, 2, 3), indent="    ")
+    return ["", f"  {ledger_line(b)}", *table]
 
 
 def _convergence_lines(analysis: RunAnalysis) -> list[str]:

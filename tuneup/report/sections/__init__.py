@@ -19,6 +19,7 @@ from tuneup.report.blocks import Block, Paragraph, Section, figures
 from tuneup.report.format import MISSING, plural, text, unix_time
 from tuneup.report.plotting import STYLE, Plot, save
 from tuneup.report.sections import (
+    badput,
     communication,
     convergence,
     cost,
@@ -54,6 +55,7 @@ SECTION_MODULES: tuple[SectionModule, ...] = (
     summary,
     recommendations,
     timeline,
+    badput,
     run,
     throughput,
     step_time,

@@ -14,6 +14,7 @@ from tuneup.analyze.model import RunAnalysis
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import Block, FindingItem, FindingList, Metric, Metrics, Paragraph
 from tuneup.report.format import count, is_number, ms, number, plural, sentence, text
+from tuneup.report.sections.badput import ledger_line
 from tuneup.report.sections.convergence import target_line
 from tuneup.report.sections.timeline import summary_line
 
@@ -50,6 +51,7 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
             )
         ),
         *([Paragraph(summary_line(analysis.timeline, analysis))] if analysis.timeline is not None else []),
+        *([Paragraph(ledger_line(analysis.badput))] if analysis.badput is not None else []),
         *(
             [Paragraph(sentence(f"Target: {target_line(conv.target)}"))]
             if (conv := analysis.convergence) and conv.target
