@@ -167,7 +167,7 @@ def run_demo(config: DemoConfig) -> Path | None:
         _TokenDataset(seqs[VAL_SEQUENCES:]), batch_size=BATCH_SIZE, shuffle=True, drop_last=True
     )
     val_loader = DataLoader(_TokenDataset(seqs[:VAL_SEQUENCES]), batch_size=BATCH_SIZE)
-    callback = TuneupCallback(dirpath=config.run_dir, target=TARGET)
+    callback = TuneupCallback(dirpath=config.run_dir, target=TARGET, tags={"project": "tuneup-demo"})
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=devices,
