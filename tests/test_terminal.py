@@ -19,6 +19,7 @@ from tuneup.cost.pricing import PriceChoice
 from tuneup.record import RankWriter, write_manifest
 from tuneup.report import analyze
 from tuneup.report.format import duration, ms, number, usd, usd_rate
+from tuneup.report.sections.badput import label, shown
 from tuneup.report.terminal import LIST_EACH_UP_TO, render_terminal
 
 EXAMPLE_RUN = Path(__file__).resolve().parents[1] / "reports" / "example" / "run"
@@ -77,6 +78,12 @@ def test_layout_is_the_readmes(example: RunAnalysis) -> None:
         "  communication: ",
         "  hardware: process CPU ",
         "  cost: ",
+        # The badput ledger (issue 29): its sentence, then a table of the categories with a share.
+        "",
+        "  Goodput ",
+        "    ledger ",
+        "    -",
+        *(f"    {label(c.name)} " for c in shown(example.badput)),  # type: ignore[arg-type]
         # The convergence block: the demo's target, then each logged metric (issue 28).
         "",
         "  target: val_loss<=1.55 reached at step ",
@@ -95,7 +102,7 @@ def test_layout_is_the_readmes(example: RunAnalysis) -> None:
         assert line.startswith(prefix), (line, prefix)
     comm = example.communication
     assert comm is not None and comm.comm_ms_per_step and comm.share_of_step and comm.exposed_ms_per_step
-    assert lines[-7 - len(example.convergence.metrics)] == (  # type: ignore[union-attr]
+    assert lines[prefixes.index("  communication: ") + 6] == (
         f"  communication: {comm.comm_ms_per_step:,.2f} ms of collectives per step "
         f"({comm.share_of_step:.1%} of the step), {comm.exposed_ms_per_step:,.2f} ms of it waited for"
     )
