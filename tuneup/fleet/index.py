@@ -102,6 +102,7 @@ STEPS_SCHEMA = pa.schema(
 # analysis) costs more than it saves, and a re-index with one new run must take seconds.
 POOL_FROM_RUNS = 16
 ROWS_PER_TASK = 16  # runs a worker takes at a time: few enough round trips, even enough ends
+COLLECT_AFTER_OBJECTS = 100_000
 
 
 class FleetIndexError(Exception):
@@ -205,15 +206,29 @@ def _analysed(
     from tuneup.analyze.analysis import analyze_run
     from tuneup.fleet.row import run_row, step_rows
     from tuneup.record.segments import load_segments
-    from tuneup.report.advice import advice_for
 
     runs = load_segments(location)
     last = runs[-1]
     analysis = analyze_run(last, _cost_for(last, cost), runs)
     return (
-        run_row(found.key, found.fingerprint, runs, analysis, advice_for(analysis)),
+        run_row(found.key, found.fingerprint, runs, analysis, _advice(analysis)),
         step_rows(found.key, runs),
     )
+
+
+def _advice(analysis: Any) -> Any:
+    """The report's recommendations for the run; None where there are none to make (no steady state, no
+    batch size) or the advice failed (the run's figures are still indexed)."""
+    from tuneup.advise import advise
+    from tuneup.advise.model import AdviceOptions
+
+    try:
+        # Without the what-if over the catalog's instances: it makes no recommendation (advise ranks them
+        # before it runs), the index keeps none of its table, and it is the advice's costliest part
+        # (about 25 ms of a run's 35).
+        return advise([analysis], AdviceOptions(whatif=False))
+    except Exception:  # AdviceInputError, ModelError, or a defect: the figures stand without advice
+        return None
 
 
 def _cost_for(run: Any, cost: CostOptions | None) -> CostOptions | None:
@@ -232,7 +247,12 @@ def _cost_for(run: Any, cost: CostOptions | None) -> CostOptions | None:
 def _index_chunk(
     chunk: list[FoundRun], cost: CostOptions | None
 ) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    return [index_run(found, cost) for found in chunk]
+    from tuneup._gc import cyclic_gc_paused
+
+    # A run's analysis makes many objects and no cycles: the cyclic collector walking them again and
+    # again took a third of a run's time. One collection after the chunk, where it kept many.
+    with cyclic_gc_paused(collect_after_objects=COLLECT_AFTER_OBJECTS):
+        return [index_run(found, cost) for found in chunk]
 
 
 # -- the whole index ----------------------------------------------------------------------------------
@@ -262,11 +282,14 @@ def _read_all(
     todo: list[FoundRun], cost: CostOptions | None, workers: int
 ) -> Iterable[tuple[dict[str, Any], list[dict[str, Any]]]]:
     if workers <= 1 or len(todo) < POOL_FROM_RUNS:
-        return [index_run(found, cost) for found in todo]
+        return [row for chunk in _chunks(todo, ROWS_PER_TASK) for row in _index_chunk(chunk, cost)]
     import multiprocessing
 
-    # Spawned, not forked: the parent has pyarrow's threads running, and a fork copies their locks held.
-    context = multiprocessing.get_context("spawn")
+    # Forked where the platform can: a worker starts in milliseconds with the analysis already imported,
+    # and a script that calls update_index without a `__main__` guard is not run again in each worker. The
+    # workers never touch pyarrow (whose threads the parent may have started): they read runs, return dicts.
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
     chunks = _chunks(todo, ROWS_PER_TASK)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         return [item for part in pool.map(_index_chunk, chunks, [cost] * len(chunks)) for item in part]
