@@ -31,80 +31,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tuneup.analyze.model import BADPUT_CATEGORIES  # noqa: E402
+from tuneup.fleet.index import RUNS_SCHEMA, STEPS_SCHEMA  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 
 
-def _runs_schema() -> Any:
-    import pyarrow as pa
-
-    utc = pa.timestamp("us", tz="UTC")
-    fields = [
-        ("run_key", pa.string()),
-        ("run_id", pa.string()),
-        ("fingerprint", pa.string()),
-        ("indexed_unix", pa.float64()),
-        ("error", pa.string()),
-        ("start", utc),
-        ("end", utc),
-        ("duration_s", pa.float64()),
-        ("tags", pa.map_(pa.string(), pa.string())),
-        ("instance", pa.string()),
-        ("gpu", pa.string()),
-        ("world_size", pa.int32()),
-        ("num_nodes", pa.int32()),
-        ("strategy", pa.string()),
-        ("precision", pa.string()),
-        ("global_batch_size", pa.int64()),
-        ("accumulate_grad_batches", pa.int32()),
-        ("git_commit", pa.string()),
-        ("git_dirty", pa.bool_()),
-        ("status", pa.string()),
-        ("usd", pa.float64()),
-        ("usd_per_hour", pa.float64()),
-        ("device_hours", pa.float64()),
-        ("samples", pa.int64()),
-        ("tokens", pa.int64()),
-        ("samples_per_s", pa.float64()),
-        ("tokens_per_s", pa.float64()),
-        ("usd_per_million_samples", pa.float64()),
-        ("usd_per_million_tokens", pa.float64()),
-        ("mfu", pa.float64()),
-        ("step_median_ms", pa.float64()),
-        ("step_p90_ms", pa.float64()),
-        ("useful_share", pa.float64()),
-        ("badput_usd", pa.float64()),
-        *((f"{c}_{unit}", pa.float64()) for c in BADPUT_CATEGORIES for unit in ("s", "usd")),
-        ("top_recommendation", pa.string()),
-        ("top_gain", pa.float64()),
-        ("recommendations", pa.int32()),
-    ]
-    return pa.schema(fields)
-
-
-def _steps_schema() -> Any:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("run_key", pa.string()),
-            ("window", pa.int32()),
-            ("first_step", pa.int64()),
-            ("last_step", pa.int64()),
-            ("step_median_ms", pa.float64()),
-            ("samples_per_s", pa.float64()),
-        ]
-    )
-
-
 def write_index(index_dir: Path, runs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Path:
-    """runs.parquet and steps.parquet in `index_dir` from row dicts (a missing column is null; `tags` a
+    """runs.parquet and steps.parquet in `index_dir` (tuneup.fleet.index's schemas) from row dicts (a missing column is null; `tags` a
     dict; `start`/`end` datetimes or unix seconds)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     index_dir.mkdir(parents=True, exist_ok=True)
-    schema = _runs_schema()
+    schema = RUNS_SCHEMA
     columns: dict[str, list[Any]] = {name: [] for name in schema.names}
     for row in runs:
         for name in schema.names:
@@ -115,7 +54,7 @@ def write_index(index_dir: Path, runs: list[dict[str, Any]], steps: list[dict[st
                 value = list((value or {}).items())
             columns[name].append(value)
     pq.write_table(pa.table(columns, schema=schema), index_dir / "runs.parquet")
-    steps_schema = _steps_schema()
+    steps_schema = STEPS_SCHEMA
     step_columns = {name: [row.get(name) for row in steps] for name in steps_schema.names}
     pq.write_table(pa.table(step_columns, schema=steps_schema), index_dir / "steps.parquet")
     return index_dir
@@ -234,7 +173,7 @@ def synthetic_runs(
                 "usd_per_million_tokens": usd / (samples * 2048) * 1e6,
                 "mfu": rng.uniform(0.2, 0.55),
                 "step_median_ms": batch / samples_per_s * 1000,
-                "step_p90_ms": batch / samples_per_s * 1100,
+                "step_p95_ms": batch / samples_per_s * 1100,
                 "useful_share": useful,
                 "badput_usd": usd * (1 - useful),
                 **ledger,

@@ -257,6 +257,7 @@ def test_cli_writes_and_prints(
     [
         (["{missing}"], "does not exist"),
         (["{plain}"], "is not a fleet index"),
+        (["{junk}"], "cannot read"),
         (["{index}", "--since", "last tuesday"], "--since 'last tuesday' is not a date"),
         (["{index}", "--tag", "project"], "is not KEY=VALUE"),
         (["{index}", "--format", "pdf"], "choose one or more of html, md, json, text"),
@@ -271,7 +272,14 @@ def test_bad_input_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     (tmp_path / "plain").mkdir()
-    paths = {"missing": tmp_path / "nope", "plain": tmp_path / "plain", "index": index}
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "runs.parquet").write_text("not parquet")
+    paths = {
+        "missing": tmp_path / "nope",
+        "plain": tmp_path / "plain",
+        "junk": tmp_path / "junk",
+        "index": index,
+    }
     argv = ["fleet", *(a.format(**paths) for a in args), "-o", str(tmp_path / "out")]
     assert _tuneup(argv, monkeypatch) == 2
     err = capsys.readouterr().err
@@ -280,5 +288,13 @@ def test_bad_input_is_one_line_and_exit_2(
 
 def test_a_non_parquet_runs_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "runs.parquet").write_text("not parquet")
-    with pytest.raises(FleetIndexError, match="not a readable fleet index"):
+    with pytest.raises(FleetIndexError, match="cannot read"):
         build_fleet_view(tmp_path)
+
+
+def test_filters_that_match_nothing_say_so(index: Path, tmp_path: Path) -> None:
+    view = build_fleet_view(index, tags={"project": "nobody"})
+    assert view.slices == [] and view.regressions.pairs_judged == 0
+    assert "No readable run matches the filters." in render_text(view)
+    assert "No readable run matches the filters." in render_html(view, tmp_path / "plots")
+    assert json.loads(render_json(view))["slices"] == []

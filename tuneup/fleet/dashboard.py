@@ -25,12 +25,12 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from tuneup.analyze.model import BADPUT_CATEGORIES, decimals, significant
 from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide
+from tuneup.fleet.index import RUNS_FILE, FleetIndexError, read_index
 from tuneup.report.format import plural
-
-RUNS_FILE = "runs.parquet"
-STEPS_FILE = "steps.parquet"
 
 # The tag a run's group is read from when --group-by is not given: the first of these that any selected
 # run carries. A run without the tag belongs to no group: it is in every total, but never paired as a
@@ -57,10 +57,6 @@ MAX_PAIRS = 200
 
 # The first step window is warm-up (compilation, caches, the data loader's first fill): never a sample.
 WARMUP_WINDOWS = 1
-
-
-class FleetIndexError(ValueError):
-    """The index cannot be read (missing, not an index, an unreadable filter): a one-line message with the fix."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,43 +228,23 @@ class FleetView:
 
 
 def _connect(index_dir: Path) -> Any:
-    """A DuckDB connection with the index's tables as views `runs` and `steps` (steps empty where absent)."""
-    import duckdb
-
-    runs = index_dir / RUNS_FILE
+    """A DuckDB connection with the index's tables (read by tuneup.fleet.index.read_index, which checks
+    their columns) as `runs` and `steps`."""
     if not index_dir.exists():
         raise FleetIndexError(
-            f"{index_dir} does not exist; build an index first: tuneup index RUN_DIR... -o {index_dir}"
+            f"{index_dir} does not exist; build an index first: tuneup index RUN_DIR... --index {index_dir}"
         )
-    if not index_dir.is_dir() or not runs.is_file():
+    if not (index_dir / RUNS_FILE).is_file():
         raise FleetIndexError(
-            f"{index_dir} is not a fleet index (no {RUNS_FILE} in it); pass the directory `tuneup index` wrote"
+            f"{index_dir} is not a fleet index (no {RUNS_FILE} in it); pass the directory tuneup index wrote"
         )
+    runs, steps = read_index(index_dir)
     con = duckdb.connect()
-    try:
-        # Periods are UTC days, weeks and months wherever the command runs.
-        con.execute("SET TimeZone = 'UTC'")
-        con.execute(f"CREATE VIEW runs AS SELECT * FROM read_parquet({_sql_text(str(runs))})")
-        steps = index_dir / STEPS_FILE
-        if steps.is_file():
-            con.execute(f"CREATE VIEW steps AS SELECT * FROM read_parquet({_sql_text(str(steps))})")
-        else:
-            con.execute(
-                "CREATE VIEW steps AS SELECT ''::VARCHAR run_key, 0::INTEGER \"window\", "
-                "0::DOUBLE samples_per_s WHERE false"
-            )
-        con.execute("SELECT run_key, start, usd, tags FROM runs LIMIT 0")
-    except duckdb.Error as exc:
-        con.close()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FleetIndexError(
-            f"{index_dir} is not a readable fleet index ({first}); rebuild it with tuneup index"
-        ) from None
+    # Periods are UTC days, weeks and months wherever the command runs.
+    con.execute("SET TimeZone = 'UTC'")
+    con.register("runs", runs)
+    con.register("steps", steps)
     return con
-
-
-def _sql_text(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 def parse_when(text: str, option: str, end_of_day: bool = False) -> datetime:

@@ -74,7 +74,13 @@ def _formats(value: str, usage_error: type[Exception]) -> tuple[str, ...]:
 
 def cmd_fleet(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     formats = _formats(args.format, usage_error)
-    from tuneup.fleet.dashboard import FleetIndexError, build_fleet_view, parse_tag
+    try:
+        from tuneup.fleet.dashboard import build_fleet_view, parse_tag
+        from tuneup.fleet.index import FleetIndexError
+    except ImportError as exc:  # the fleet extra (pyarrow, DuckDB) is optional
+        raise usage_error(
+            f"tuneup fleet needs pyarrow and DuckDB ({exc.name} is missing): pip install 'tuneup[fleet]'"
+        ) from None
     from tuneup.report import ReportError
 
     try:
@@ -83,11 +89,8 @@ def cmd_fleet(args: argparse.Namespace, usage_error: type[Exception]) -> int:
             args.index, tags=tags, since=args.since, until=args.until, group_by=args.group_by
         )
     except FleetIndexError as exc:
-        raise usage_error(str(exc)) from None
-    except ImportError as exc:  # the fleet extra (pyarrow, DuckDB) is optional
-        raise usage_error(
-            f"tuneup fleet needs DuckDB ({exc.name} is missing): pip install 'tuneup[fleet]'"
-        ) from None
+        # One line: a Parquet reader's message can run to several.
+        raise usage_error(" ".join(str(exc).split())) from None
     from tuneup.fleet.render import render_text, write_fleet
 
     files = [f for f in formats if f != "text"]

@@ -74,6 +74,19 @@ def _subtitle(view: FleetView) -> str:
     return f"{fmt.plural(runs, 'run')} of {fmt.count(view.runs_in_index)} in {view.index}{span}{narrowed}"
 
 
+def _nothing(view: FleetView) -> str:
+    """Why there is no figure at all: an empty index, only unreadable runs, or filters that match none."""
+    if view.runs_in_index == 0:
+        return "The index holds no runs yet: tuneup index RUN_DIR... adds them."
+    unreadable = (
+        f" {fmt.plural(view.unreadable_runs, 'run')} matched but could not be read "
+        f"({', '.join(view.unreadable_examples)})."
+        if view.unreadable_runs
+        else ""
+    )
+    return f"No readable run matches the filters.{unreadable}"
+
+
 def _footer(view: FleetView) -> str:
     return f"Generated {fmt.unix_time(view.generated_unix)} by tuneup fleet from {view.index}."
 
@@ -350,7 +363,7 @@ def _charts(view: FleetView, plot_dir: Path) -> list[PlotFile]:
 def fleet_sections(view: FleetView, plots: Sequence[PlotFile]) -> list[Section]:
     """The whole selection's figures as the report's sections (the Markdown; the page adds its filters)."""
     if not view.slices:
-        return [Section("summary", "Summary", (Paragraph("No runs match the filters.", quiet=True),))]
+        return [Section("summary", "Summary", (Paragraph(_nothing(view), quiet=True),))]
     whole = view.whole
     caps = _caps(whole)
     spend_rows = tuple(
@@ -388,12 +401,13 @@ def fleet_sections(view: FleetView, plots: Sequence[PlotFile]) -> list[Section]:
     ]
 
 
-def render_markdown(view: FleetView, plot_dir: Path) -> str:
+def render_markdown(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | None = None) -> str:
+    """The dashboard as Markdown, the whole selection only (no filters); the charts, drawn into `plot_dir`
+    unless given, are linked by file name."""
     from tuneup.report.markdown import render_sections_markdown
 
-    return render_sections_markdown(
-        _title(view), _subtitle(view), fleet_sections(view, _charts(view, plot_dir)), _footer(view)
-    )
+    plots = _charts(view, plot_dir) if plots is None else plots
+    return render_sections_markdown(_title(view), _subtitle(view), fleet_sections(view, plots), _footer(view))
 
 
 # -- JSON and the terminal ---------------------------------------------------------------------------
@@ -409,7 +423,7 @@ def render_text(view: FleetView) -> str:
     """The terminal summary: spend, useful share, badput $ by category, the most expensive runs, regressions."""
     lines = [_title(view), _subtitle(view), ""]
     if not view.slices:
-        return "\n".join([*lines, "No runs match the filters."]) + "\n"
+        return "\n".join([*lines, _nothing(view)]) + "\n"
     whole = view.whole
     t = whole.totals
     lines += [
@@ -559,9 +573,9 @@ def _sliced(view: FleetView, build: Callable[[Slice], Block]) -> _Html:
     return _join(parts)
 
 
-def render_html(view: FleetView, plot_dir: Path) -> str:
+def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | None = None) -> str:
     """The dashboard as one offline page: the report's styles and policy, filters in CSS, charts as data: URIs
-    (drawn into `plot_dir`)."""
+    (drawn into `plot_dir` unless given)."""
     from tuneup.report.html import _figure
 
     title = _title(view)
@@ -603,7 +617,7 @@ def render_html(view: FleetView, plot_dir: Path) -> str:
         sections.append(_el("section", _el("h2", heading), *body, id=id_))
 
     if not view.slices:
-        section("summary", "Summary", _el("p", "No runs match the filters.", class_="note"))
+        section("summary", "Summary", _el("p", _nothing(view), class_="note"))
     else:
         section(
             "summary",
@@ -631,7 +645,7 @@ def render_html(view: FleetView, plot_dir: Path) -> str:
             ),
             _sliced(view, _ledger_table),
         )
-        plots = _charts(view, plot_dir)
+        plots = _charts(view, plot_dir) if plots is None else plots
         spend_rows = [
             (
                 _classes(view, c.key, c.period, "r"),
@@ -733,11 +747,13 @@ def write_fleet(view: FleetView, out_dir: Path, formats: Sequence[str]) -> list[
         if "json" in formats:
             (scratch / JSON_NAME).write_text(render_json(view), encoding="utf-8")
             names.append(JSON_NAME)
+        # Drawn once for both: the page embeds them, the Markdown links the files written beside it.
+        plots = _charts(view, scratch) if {"md", "html"} & set(formats) else []
         if "md" in formats:
-            (scratch / MD_NAME).write_text(render_markdown(view, scratch), encoding="utf-8")
-            names += [n for n in (GROUP_CHART, INSTANCE_CHART) if (scratch / n).is_file()] + [MD_NAME]
+            (scratch / MD_NAME).write_text(render_markdown(view, scratch, plots), encoding="utf-8")
+            names += [p.name for p in plots] + [MD_NAME]
         if "html" in formats:
-            (scratch / HTML_NAME).write_text(render_html(view, scratch / "plots"), encoding="utf-8")
+            (scratch / HTML_NAME).write_text(render_html(view, scratch, plots), encoding="utf-8")
             names.append(HTML_NAME)
         return names
 
