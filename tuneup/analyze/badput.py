@@ -7,12 +7,15 @@ what its record measured (tuneup/analyze/timeline.py):
 - inside the training steps (every step, from the windows): the wait for the batch (data_wait), the
   collectives the step waited for (exposed_communication), the trainer's own barriers between batches and
   a rank's wait for a late one at the collectives (sync_wait: its exposed time above the least-waiting
-  rank's, per step), the first step's time above the steady step (startup: compilation, warm-up), the
-  steps a resumed segment did again (restarts); what is left is productive_compute;
+  rank's, per step), the first step's time above the steady step (startup: compilation, warm-up), and the
+  steps whose progress an interruption lost, which the next segment did again (restarts, whole: their
+  waits too); what is left is productive_compute;
 - around them: the fit's setup and sanity check (startup), validation and checkpoint saves (the callback
   timed each), the fit loop's time between steps and the teardown (other);
 - a rank's time outside its own fit while the others ran (idle_devices);
-- between segments, the downtime after an interruption (restarts).
+- between segments, after an interruption: from one fit's end to the next one's start (restarts; the next
+  fit's setup and checkpoint restore are its startup, as in every fit). The interruptions section's
+  downtime is measured between the records (last step, record opened), for its checkpoint interval.
 
 The ranks' shares are averaged (each rank is one device's time), segments and downtime are summed, and
 dollars are device-time at the run's price: on a one-segment run the ledger's dollars are the cost
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from tuneup._stats import finite
 from tuneup.analyze.model import BADPUT_CATEGORIES, Badput, BadputCategory, Interruptions
 from tuneup.analyze.run_info import run_span
-from tuneup.analyze.timeline import first_step_extra_s, rank_timeline, step_total_s
+from tuneup.analyze.timeline import first_step_extra_s, overlap_s, rank_timeline, step_total_s, timed_events
 from tuneup.record.schema import RankRecord, Run
 
 BASIS = {
@@ -38,7 +41,8 @@ BASIS = {
     "sync_wait": "the trainer's barriers between batches, and waits at the collectives for a late rank",
     "validation": "the validation loops, as the callback timed them",
     "checkpoint_saves": "the checkpoint saves, as the callback timed them",
-    "restarts": "downtime between segments after an interruption, and the steps a resume did again",
+    "restarts": "after an interruption, the time from one segment's fit end to the next one's fit start "
+    "(the next fit's setup is startup), and the steps the resume did again",
     "idle_devices": "a rank's time outside its own fit while the run's other ranks were in theirs",
     "other": "the fit loop's time between steps, teardown, and what no record names",
 }
@@ -76,19 +80,61 @@ def _late_rank_waits_s(ranks: list[RankRecord]) -> dict[int, float]:
     return {rank: (mean - least) * steps for rank, (mean, steps) in per_step.items()}
 
 
-def _rank_seconds(rec: RankRecord, span_s: float, late_wait_s: float, redone_s: float) -> dict[str, float]:
-    """One rank's seconds by category, adding up to the run's span."""
-    parts = {p.name: p.seconds for p in rank_timeline(rec).parts}
-    steps_s = parts["training_steps"]
-    # The parts of the steps that are not productive, in this order, each within what is left of the steps.
+# The step metrics a step's badput is read from, and the wall time they are parts of.
+_STEP_METRICS = ("wall_ms", "data_ms", "comm_exposed_ms", "sync_ms")
+
+
+def _redone_steps_s(rec: RankRecord, from_step: int | None) -> dict[str, float]:
+    """Seconds of this rank's steps numbered `from_step` and up, by step metric: the steps the next segment
+    did again, having resumed from an older checkpoint (their progress was lost). From the steps kept, scaled
+    to the steps run where the record kept one in `sample_every`."""
+    if from_step is None:
+        return {}
+    kept = [s for s in rec.steps if s.step >= from_step]
+    if not kept:
+        return {}
+    ran = max(s.step for s in kept) + 1 - from_step
+    scale = max(1.0, ran / len(kept))
+    return {m: scale * sum(getattr(s, m) or 0.0 for s in kept) / 1000.0 for m in _STEP_METRICS}
+
+
+def _fit_parts_s(rec: RankRecord) -> dict[str, float]:
+    """The rank's fit timeline parts in seconds. A record without the fit's own times spans its first step
+    to its last: a validation or save timed outside that span (the sanity check before it, a last save
+    after it) is counted only for what falls inside, and the rest of the span is the fit loop's."""
+    tl = rank_timeline(rec)
+    parts = {p.name: p.seconds for p in tl.parts}
+    if tl.times_recorded or tl.fit_start_unix is None or tl.wall_s is None:
+        return parts
+    span = [(tl.fit_start_unix, tl.wall_s)]
+    for name, kind in (
+        ("sanity_check", "sanity_check"),
+        ("validation", "validation"),
+        ("checkpoint_saves", "checkpoint"),
+    ):
+        parts[name] = overlap_s(timed_events(rec, kind), span)
+    named = sum(v for k, v in parts.items() if k != "other_fit_loop")
+    parts["other_fit_loop"] = max(0.0, tl.wall_s - named)
+    return parts
+
+
+def _rank_seconds(
+    rec: RankRecord, span_s: float, late_wait_s: float, redone: dict[str, float]
+) -> dict[str, float]:
+    """One rank's seconds by category, adding up to the run's span; `redone` is what `_redone_steps_s` gives
+    for the steps of this rank that a later segment did again."""
+    parts = _fit_parts_s(rec)
+    total = {m: step_total_s(rec, m)[0] - redone.get(m, 0.0) for m in _STEP_METRICS}
+    # The parts of the steps that are not productive, in this order, each within what is left of the steps:
+    # the redone steps whole (waits and all), then the waits of the others.
     inside = {
-        "data_wait": step_total_s(rec, "data_ms")[0],
-        "exposed_communication": step_total_s(rec, "comm_exposed_ms")[0] - late_wait_s,
-        "sync_wait": step_total_s(rec, "sync_ms")[0] + late_wait_s,
+        "restarts": redone.get("wall_ms", 0.0),
+        "data_wait": total["data_ms"],
+        "exposed_communication": total["comm_exposed_ms"] - late_wait_s,
+        "sync_wait": total["sync_ms"] + late_wait_s,
         "startup": first_step_extra_s(rec) or 0.0,
-        "restarts": redone_s,
     }
-    left = steps_s
+    left = parts["training_steps"]
     seconds = dict.fromkeys(BADPUT_CATEGORIES, 0.0)
     for name, value in inside.items():
         taken = min(max(0.0, value), left)
@@ -115,15 +161,17 @@ def _rank_seconds(rec: RankRecord, span_s: float, late_wait_s: float, redone_s: 
     return seconds
 
 
-def _segment_seconds(run: Run, redone_s: float) -> tuple[_Seconds, float, float]:
-    """A segment's seconds by category (the mean over its ranks), and its span's start and end."""
+def _segment_seconds(run: Run, redone_from_step: int | None) -> tuple[_Seconds, float, float]:
+    """A segment's seconds by category (the mean over its ranks), and its span's start and end;
+    `redone_from_step` is the first of its steps that the next segment did again, if any."""
     t0, t_end = run_span(run)
     span_s = max(0.0, t_end - t0)
     ranks = [rec for _, rec in sorted(run.ranks.items())]
     waits = _late_rank_waits_s(ranks)
     out = _Seconds(world_size=run.world_size)
     for rec in ranks:
-        for name, value in _rank_seconds(rec, span_s, waits.get(rec.rank, 0.0), redone_s).items():
+        redone = _redone_steps_s(rec, redone_from_step)
+        for name, value in _rank_seconds(rec, span_s, waits.get(rec.rank, 0.0), redone).items():
             out.by_category[name] += value / len(ranks)
     return out, t0, t_end
 
@@ -146,8 +194,9 @@ def badput_ledger(
     for i, run in enumerate(segments):
         if not run.ranks:
             continue
-        redone_s = (rows[i].redone_s or 0.0) if rows else 0.0
-        seconds, t0, t_end = _segment_seconds(run, redone_s)
+        after = rows[i + 1] if rows and i + 1 < len(rows) else None
+        redone_from = after.first_step if after is not None and after.redone_steps else None
+        seconds, t0, t_end = _segment_seconds(run, redone_from)
         if previous_end is not None:
             gap_s = max(0.0, t0 - previous_end)
             if rows and rows[i].downtime_before_s is not None:

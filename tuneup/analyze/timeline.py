@@ -108,7 +108,7 @@ def timed_events(rec: RankRecord, kind: str) -> list[tuple[float | None, float]]
     return out
 
 
-def _overlap_s(inner: list[tuple[float | None, float]], outer: list[tuple[float | None, float]]) -> float:
+def overlap_s(inner: list[tuple[float | None, float]], outer: list[tuple[float | None, float]]) -> float:
     """Seconds of `inner` intervals that lie inside `outer` ones (a save made during a validation)."""
     total = 0.0
     for start, length in inner:
@@ -159,7 +159,7 @@ def rank_timeline(rec: RankRecord) -> RankTimeline:
     teardown_s = max(0.0, end - train_end) if end is not None and train_end is not None else 0.0
     saves_s = sum(d for _, d in saves)
     # A save inside a validation (ModelCheckpoint ordered before tuneup) is counted once, as a save.
-    validation_s = sum(d for _, d in validation) - _overlap_s(saves, validation)
+    validation_s = sum(d for _, d in validation) - overlap_s(saves, validation)
     measured = {
         "setup": (setup_s, None),
         "sanity_check": (sanity_s, len(sanity)),
