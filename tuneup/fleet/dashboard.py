@@ -131,6 +131,7 @@ class ExpensiveRun:
     instance: str | None = None
     world_size: int | None = None
     duration_s: float | None = decimals(3)
+    device_hours: float | None = decimals(6)
     usd: float | None = significant(9)
     useful_share: float | None = decimals(4)
     badput_usd: float | None = significant(9)
@@ -368,7 +369,14 @@ def _ranked(
         for row in _rows(con, sql):
             out.setdefault(_slice_key(row, keys), []).append(row)
     for rows in out.values():
-        rows.sort(key=lambda r: (-(r.get("usd") or 0.0), str(r.get("sort_key", ""))))
+        # Unpriced runs rank by their device hours: the most expensive had a price been set.
+        rows.sort(
+            key=lambda r: (
+                -(r.get("usd") or 0.0),
+                -(r.get("device_hours") or 0.0),
+                str(r.get("sort_key", "")),
+            )
+        )
     return out
 
 
@@ -560,7 +568,7 @@ def _slices(con: Any, groups: list[str], periods: list[str]) -> list[Slice]:
         "sum(wall_s) FILTER (WHERE useful_share IS NOT NULL) AS useful_share, "
         "coalesce(instance, gpu, 'unknown') AS sort_key",
         "coalesce(instance, gpu, 'unknown')",
-        "coalesce(sum(usd), 0) DESC, count(*) DESC, coalesce(instance, gpu, 'unknown')",
+        "coalesce(sum(usd), 0) DESC, coalesce(sum(device_hours), 0) DESC, coalesce(instance, gpu, 'unknown')",
         TOP_ROWS_ALL,
         TOP_ROWS_SLICE,
     )
@@ -568,22 +576,23 @@ def _slices(con: Any, groups: list[str], periods: list[str]) -> list[Slice]:
     configurations = _ranked(
         con,
         "coalesce(instance, gpu, 'unknown') AS instance, world_size, precision, strategy, global_batch_size, "
-        "count(*) AS runs, sum(usd) AS usd, median(samples_per_s) AS sps, median(mfu) AS mfu, "
+        "count(*) AS runs, sum(usd) AS usd, sum(device_hours) AS device_hours, median(samples_per_s) AS sps, "
+        "median(mfu) AS mfu, "
         "sum(usd) FILTER (WHERE samples > 0) AS usd_s, sum(samples) FILTER (WHERE usd IS NOT NULL) AS samples_p, "
         "sum(usd) FILTER (WHERE tokens > 0) AS usd_t, sum(tokens) FILTER (WHERE usd IS NOT NULL) AS tokens_p, "
         "concat_ws('|', coalesce(instance, gpu, 'unknown'), world_size, precision, strategy, global_batch_size) "
         "AS sort_key",
         config,
-        f"coalesce(sum(usd), 0) DESC, count(*) DESC, {config}",
+        f"coalesce(sum(usd), 0) DESC, coalesce(sum(device_hours), 0) DESC, {config}",
         TOP_ROWS_ALL,
         TOP_ROWS_SLICE,
     )
     expensive = _ranked(
         con,
         "run_key, run_id, g AS grp, epoch(start) AS start_unix, instance, world_size, duration_s, usd, "
-        "useful_share, badput_usd, top_recommendation, top_gain, run_key AS sort_key",
+        "useful_share, badput_usd, top_recommendation, top_gain, device_hours, run_key AS sort_key",
         "",
-        "coalesce(usd, 0) DESC, run_key",
+        "coalesce(usd, 0) DESC, coalesce(device_hours, 0) DESC, run_key",
         TOP_RUNS_ALL,
         TOP_RUNS_SLICE,
     )
@@ -644,6 +653,7 @@ def _slices(con: Any, groups: list[str], periods: list[str]) -> list[Slice]:
                             instance=r["instance"],
                             world_size=r["world_size"],
                             duration_s=_num(r["duration_s"]),
+                            device_hours=_num(r["device_hours"]),
                             usd=_num(r["usd"]),
                             useful_share=_num(r["useful_share"]),
                             badput_usd=_num(r["badput_usd"]),

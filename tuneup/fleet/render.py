@@ -48,9 +48,15 @@ def category_label(category: str) -> str:
     return category.replace("_", " ").capitalize()
 
 
-def _hours(seconds: float) -> str:
-    """A ledger's summed time: hours, as a fleet's spans thousands of them."""
-    return fmt.with_unit(seconds / 3600, "h")
+# A summed ledger past this many hours reads in hours ("10,152 h"); below, as the report writes a duration.
+HOURS_FROM_S = 100 * 3600
+
+
+def _time_format(total_s: float) -> Callable[[float], str]:
+    """One unit for a whole ledger: a fleet's spans thousands of hours, a few runs' minutes."""
+    if total_s >= HOURS_FROM_S:
+        return lambda seconds: fmt.with_unit(seconds / 3600, "h")
+    return fmt.duration
 
 
 def _title(view: FleetView) -> str:
@@ -113,19 +119,20 @@ def _headline(s: Slice) -> Metrics:
 
 
 def _ledger_table(s: Slice) -> Table:
+    total_s = sum(line.seconds for line in s.ledger)
+    time_text = _time_format(total_s)
     rows = [
         (
             category_label(line.category),
-            _hours(line.seconds),
+            time_text(line.seconds),
             fmt.share(line.share),
             fmt.usd(line.usd),
             fmt.share(line.usd_share),
         )
         for line in s.ledger
     ]
-    total_s = sum(line.seconds for line in s.ledger)
     priced = [line.usd for line in s.ledger if line.usd is not None]
-    rows.append(("Total", _hours(total_s), "100.0%", fmt.usd(sum(priced) if priced else None), ""))
+    rows.append(("Total", time_text(total_s), "100.0%", fmt.usd(sum(priced) if priced else None), ""))
     return Table(
         "Badput ledger, summed over the runs",
         ("Category", "Time", "Share of time", "$", "Share of $"),
@@ -297,26 +304,35 @@ def _regression_lines(view: FleetView) -> list[str]:
 
 
 def _draw_spend(
-    cells: Sequence[SpendCell], periods: Sequence[str], title: str, what: str, path: Path
+    cells: Sequence[SpendCell], periods: Sequence[str], by: str, what: str, path: Path
 ) -> PlotFile | None:
-    """Stacked bars of spend per period, one colour per key (the CHART_KEYS biggest; the rest 'other')."""
+    """Stacked bars of spend per period, one colour per key (the CHART_KEYS biggest; the rest '(other)').
+    Where no run has a price, device hours instead: an empty dollar axis would say nothing."""
     import matplotlib
     import matplotlib.style
+
+    from matplotlib.ticker import FuncFormatter
 
     from tuneup.report.plotting import STYLE, figure, palette, rate_formatter, save
 
     if not cells or not periods:
         return None
-    spend: dict[str, float] = {}
+    priced = any(c.usd for c in cells)
+
+    def amount(c: SpendCell) -> float:
+        return (c.usd if priced else c.device_hours) or 0.0
+
+    title = f"Spend by {by}" if priced else f"Device hours by {by} (no run is priced)"
+    total: dict[str, float] = {}
     for c in cells:
-        spend[c.key] = spend.get(c.key, 0.0) + (c.usd or 0.0)
+        total[c.key] = total.get(c.key, 0.0) + amount(c)
     # The remainder joins the view's own "(other)" tag value where it has one: one segment, one label.
-    keys = sorted((k for k in spend if k != OTHER_GROUP), key=lambda k: -spend[k])
+    keys = sorted((k for k in total if k != OTHER_GROUP), key=lambda k: -total[k])
     shown = keys[:CHART_KEYS]
     series = {k: [0.0] * len(periods) for k in [*shown, OTHER_GROUP]}
     where = {p: i for i, p in enumerate(periods)}
     for c in cells:
-        series[c.key if c.key in shown else OTHER_GROUP][where[c.period]] += c.usd or 0.0
+        series[c.key if c.key in shown else OTHER_GROUP][where[c.period]] += amount(c)
     if not any(series[OTHER_GROUP]):
         del series[OTHER_GROUP]
     with matplotlib.rc_context(), matplotlib.style.context(["default", STYLE]):
@@ -326,13 +342,17 @@ def _draw_spend(
             ax.bar(range(len(periods)), values, bottom=bottom, color=colour, label=key, width=0.8)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set_xticks(range(len(periods)), list(periods), rotation=30 if len(periods) > 6 else 0)
-        ax.set_ylabel("$")
-        ax.yaxis.set_major_formatter(rate_formatter())  # 80k, not 80000
+        ax.set_ylabel("$" if priced else "device hours")
+        if max(bottom) >= 1000:
+            ax.yaxis.set_major_formatter(rate_formatter())  # 80k, not 80000
+        else:  # "0.014", not the engineering "14m" (milli, not minutes)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax.set_title(title)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         save(fig, path)
+    measure = "Spend" if priced else "Device hours"
     return PlotFile(
-        path.name, path, title, "spend", f"Spend per period, stacked by {what} (the whole selection)."
+        path.name, path, title, "spend", f"{measure} per period, stacked by {what} (the whole selection)."
     )
 
 
@@ -342,14 +362,14 @@ def _charts(view: FleetView, plot_dir: Path) -> list[PlotFile]:
         _draw_spend(
             view.spend_by_group,
             view.periods,
-            f"Spend by {view.filters.group_by}",
+            view.filters.group_by,
             f"{view.filters.group_by} tag value",
             plot_dir / GROUP_CHART,
         ),
         _draw_spend(
             view.spend_by_instance,
             view.periods,
-            "Spend by instance type",
+            "instance type",
             "instance type",
             plot_dir / INSTANCE_CHART,
         ),
@@ -437,10 +457,11 @@ def render_text(view: FleetView) -> str:
             f"Unreadable     {fmt.plural(view.unreadable_runs, 'run')} (no figures): {', '.join(view.unreadable_examples)}"
         )
     lines += ["", "Where the money went"]
+    time_text = _time_format(sum(x.seconds for x in whole.ledger))
     lines += fmt.aligned_table(
         ("category", "time", "share", "$"),
         [
-            (category_label(x.category), _hours(x.seconds), fmt.share(x.share), fmt.usd(x.usd))
+            (category_label(x.category), time_text(x.seconds), fmt.share(x.share), fmt.usd(x.usd))
             for x in whole.ledger
         ],
         right={1, 2, 3},
