@@ -310,7 +310,6 @@ def _draw_spend(
     Where no run has a price, device hours instead: an empty dollar axis would say nothing."""
     import matplotlib
     import matplotlib.style
-
     from matplotlib.ticker import FuncFormatter
 
     from tuneup.report.plotting import STYLE, figure, palette, rate_formatter, save
