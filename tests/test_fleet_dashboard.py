@@ -298,3 +298,20 @@ def test_filters_that_match_nothing_say_so(index: Path, tmp_path: Path) -> None:
     assert "No readable run matches the filters." in render_text(view)
     assert "No readable run matches the filters." in render_html(view, tmp_path / "plots")
     assert json.loads(render_json(view))["slices"] == []
+
+
+def test_the_no_change_shortcut_gives_the_rules_verdicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.fleet_screenshot import synthetic_runs
+    from tuneup.fleet import dashboard
+
+    index = write_index(tmp_path / "index", *synthetic_runs(400))
+    fast = build_fleet_view(index).regressions
+    monkeypatch.setattr(dashboard, "NEAR_ONE", 0.0)  # every pair through decide
+    slow = build_fleet_view(index).regressions
+    assert fast.pairs_judged > 50 and fast.verdicts["NO CHANGE"] > 0 and fast.verdicts["REGRESSION"] > 0
+    assert fast.verdicts == slow.verdicts
+    assert [(p.candidate_key, p.verdict) for p in fast.pairs] == [
+        (p.candidate_key, p.verdict) for p in slow.pairs
+    ]

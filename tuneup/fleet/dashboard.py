@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 
 from tuneup.analyze.model import BADPUT_CATEGORIES, decimals, significant
-from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide
+from tuneup.compare.rule import MIN_RUNS_FOR_TEST, Rule, Verdict, decide
 from tuneup.fleet.index import RUNS_FILE, FleetIndexError, read_index
 from tuneup.report.format import plural
 
@@ -53,7 +53,9 @@ TOP_ROWS_ALL = 25  # instances and configurations of the whole selection
 TOP_ROWS_SLICE = 10
 # Pairs kept with their figures (the rest are counted by verdict): regressions first, then improvements,
 # inconclusive and no change, each by the size of the change.
-MAX_PAIRS = 200
+MAX_PAIRS = 100
+# A change this close below min_effect is still left to the rule: its own arithmetic may round it over.
+NEAR_ONE = 1 - 1e-9
 
 # The first step window is warm-up (compilation, caches, the data loader's first fill): never a sample.
 WARMUP_WINDOWS = 1
@@ -709,8 +711,9 @@ def _configuration_text(r: dict[str, Any]) -> str:
 
 def _regressions(con: Any, group_by: str, period_unit: str, rule: Rule) -> Regressions:
     """Consecutive runs (by start) of one tag value and configuration, judged on their step windows'
-    samples/s. Every pair is judged without the interval (a bisection each: seconds over 10,000 pairs);
-    the pairs kept are judged again with it."""
+    samples/s. Every pair is judged without the interval (a bisection each: seconds over 10,000 pairs),
+    and one whose change is within min_effect is NO CHANGE without the test; the pairs kept are judged again
+    with the interval."""
     rows = _rows(
         con,
         "SELECT run_key, run_id, group_value, instance, gpu, world_size, precision, global_batch_size, p, "
@@ -724,16 +727,27 @@ def _regressions(con: Any, group_by: str, period_unit: str, rule: Rule) -> Regre
     pairs = [r for r in rows if r["prev_key"] is not None]
     windows = _windows(con)
     quick = Rule(alpha=rule.alpha, min_effect=rule.min_effect, cv_multiplier=rule.cv_multiplier, resamples=0)
-    judged: list[tuple[dict[str, Any], MetricComparison]] = []
+    mean_logs = {
+        key: math.fsum(math.log(v) for v in values) / len(values) for key, values in windows.items() if values
+    }
+    judged: list[tuple[dict[str, Any], str, float]] = []  # (pair, verdict, size of the change)
     counts = {v.value: 0 for v in Verdict}
     for r in pairs:
         base, cand = windows.get(r["prev_key"], []), windows.get(r["run_key"], [])
+        if len(base) >= MIN_RUNS_FOR_TEST and len(cand) >= MIN_RUNS_FOR_TEST:
+            size = abs(math.expm1(mean_logs[r["run_key"]] - mean_logs[r["prev_key"]]))
+            if size < rule.min_effect * NEAR_ONE:
+                # The rule claims no change within min_effect (its threshold is never below it): NO CHANGE
+                # without its test, a t distribution's tail each (seconds over 10,000 pairs).
+                counts[Verdict.NO_CHANGE.value] += 1
+                judged.append((r, Verdict.NO_CHANGE.value, size))
+                continue
         result = decide("samples/s", base, cand, higher_is_better=True, unit="samples/s", rule=quick)
         counts[result.verdict.value] += 1
-        judged.append((r, result))
-    judged.sort(key=lambda rc: (_VERDICT_ORDER[rc[1].verdict.value], -abs(rc[1].change or 0.0)))
+        judged.append((r, result.verdict.value, abs(result.change or 0.0)))
+    judged.sort(key=lambda pair: (_VERDICT_ORDER[pair[1]], -pair[2]))
     kept: list[RegressionPair] = []
-    for r, quick_result in judged[:MAX_PAIRS]:
+    for r, verdict, _size in judged[:MAX_PAIRS]:
         result = decide(
             "samples/s",
             windows.get(r["prev_key"], []),
@@ -742,7 +756,7 @@ def _regressions(con: Any, group_by: str, period_unit: str, rule: Rule) -> Regre
             unit="samples/s",
             rule=rule,
         )
-        assert result.verdict is quick_result.verdict  # the interval never changes a verdict
+        assert result.verdict.value == verdict  # neither the interval nor the shortcut changes a verdict
         kept.append(
             RegressionPair(
                 group=r["group_value"],
