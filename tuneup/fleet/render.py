@@ -292,7 +292,10 @@ def _regression_lines(view: FleetView) -> list[str]:
         r.samples,
     ]
     if r.ungrouped_runs:
-        lines.append(f"{fmt.plural(r.ungrouped_runs, 'run')} without the tag are in no pair.")
+        lines.append(
+            f"{fmt.plural(r.ungrouped_runs, 'run')} without the {view.filters.group_by!r} tag "
+            f"{'is' if r.ungrouped_runs == 1 else 'are'} in no pair (--group-by names another tag)."
+        )
     if r.pairs_judged > len(r.pairs):
         lines.append(
             f"The table keeps {MAX_PAIRS} pairs: regressions first, then improvements, each by size."
@@ -483,7 +486,12 @@ def render_text(view: FleetView) -> str:
         indent="  ",
     )
     regressions = [p for p in view.regressions.pairs if p.verdict == "REGRESSION"]
-    lines += ["", "Regressions", *(f"  {line}" for line in _regression_lines(view)[:1])]
+    # The pairs' count, and the runs left out of every pair where there are some; the rule at length is the
+    # page's.
+    said = [
+        line for line in _regression_lines(view) if line.startswith("Consecutive") or "in no pair" in line
+    ]
+    lines += ["", "Regressions", *(f"  {line}" for line in said)]
     if regressions:
         lines += fmt.aligned_table(
             ("after", "before", view.filters.group_by, "slower by", "configuration"),
