@@ -218,7 +218,9 @@ def test_html_escapes_tags_and_filters_in_css(index: Path, tmp_path: Path) -> No
 def test_text_and_json(index: Path) -> None:
     view = build_fleet_view(index)
     text = render_text(view)
-    assert "$210.00" in text and "Data wait" in text and "71.7%" in text  # spend, ledger, useful share
+    assert (
+        "$210.00" in text and "Data wait" in text and "Synchronization waits" in text and "71.7%" in text
+    )  # spend, ledger, useful share
     assert re.search(r"a2\s+a1\s+alpha\s+20\.\d%", text)
     document = json.loads(render_json(view))
     assert document["slices"][0]["totals"]["usd"] == pytest.approx(210)

@@ -33,7 +33,8 @@ from tuneup.fleet.dashboard import (
 from tuneup.report import format as fmt
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import FOLD_ROWS, Block, Figure, Metric, Metrics, Paragraph, Section, Table
-from tuneup.report.html import _CSP, _CSS, _block, _el, _Html, _join, _void
+from tuneup.report.html import _CSP, _CSS, _block, _el, _figure, _Html, _join, _void
+from tuneup.report.sections.badput import label as category_label
 
 FORMATS = ("html", "md", "json", "text")
 HTML_NAME, MD_NAME, JSON_NAME = "fleet.html", "fleet.md", "fleet.json"
@@ -42,10 +43,6 @@ GROUP_CHART, INSTANCE_CHART = "fleet_spend_by_group.png", "fleet_spend_by_instan
 CHART_KEYS = 8
 TEXT_RUNS = 5  # the terminal's most expensive runs
 TEXT_PAIRS = 5  # and its regressions
-
-
-def category_label(category: str) -> str:
-    return category.replace("_", " ").capitalize()
 
 
 # A summed ledger past this many hours reads in hours ("10,152 h"); below, as the report writes a duration.
@@ -604,8 +601,6 @@ def _sliced(view: FleetView, build: Callable[[Slice], Block]) -> _Html:
 def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | None = None) -> str:
     """The dashboard as one offline page: the report's styles and policy, filters in CSS, charts as data: URIs
     (drawn into `plot_dir` unless given)."""
-    from tuneup.report.html import _figure
-
     title = _title(view)
     group_by = view.filters.group_by
     inputs = [_void("input", type="radio", name="fg", id="fg-all", class_="f", checked="checked")]
