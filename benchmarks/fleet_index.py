@@ -13,6 +13,8 @@ from scratch, 5 s for the re-index.
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -58,6 +60,12 @@ def _per_run_cpu_ms(fleet: Path) -> dict[str, float]:
     return {stage: 1e3 * s / len(sample) for stage, s in totals.items()}
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its ended children (the index's workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10_000)
@@ -78,10 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     index_dir = args.fleet / f"index-{args.runs}"
     shutil.rmtree(index_dir, ignore_errors=True)
     workers = args.workers or default_workers()
+    cpu_before = _cpu_s()
     scratch = update_index([str(fleet)], index_dir, workers=workers)
+    cpu_ms = 1e3 * (_cpu_s() - cpu_before) / scratch.found
     print(
         f"from scratch: {scratch.found} runs in {scratch.seconds:.1f} s with {workers} workers "
-        f"({1e3 * scratch.seconds / scratch.found:.1f} ms a run; {scratch.unreadable} unreadable)"
+        f"({1e3 * scratch.seconds / scratch.found:.1f} ms a run; {scratch.unreadable} unreadable); CPU "
+        f"{cpu_ms:.1f} ms a run (this process and its workers), so {cpu_ms * scratch.found / 1e3 / workers:.0f} s "
+        f"on {workers} cores of its own; load average {os.getloadavg()[0]:.1f} after"
     )
 
     extra = plan_fleet(args.runs + 1, seed=0)[-1]  # one more run, as the next one a team writes

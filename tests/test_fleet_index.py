@@ -391,9 +391,15 @@ def test_without_pyarrow_the_command_says_how_to_install_it(
     assert "pip install 'tuneup[fleet]'" in err and len(err.strip().splitlines()) == 1
 
 
-def test_query_without_an_index_names_the_command_to_make_one(tmp_path: Path) -> None:
+def test_query_without_an_index_or_without_duckdb_says_what_to_do(
+    fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(fleet_index.FleetIndexError, match="tuneup index"):
         query(tmp_path, "SELECT 1")
+    update_index([str(_run_dirs(fleet)[0])], tmp_path / "index", workers=1)
+    monkeypatch.setitem(sys.modules, "duckdb", None)
+    with pytest.raises(fleet_index.FleetIndexError, match=r"pip install 'tuneup\[fleet\]'"):
+        query(tmp_path / "index", "SELECT 1")
 
 
 def test_the_manifest_tags_reach_the_index_as_a_map(fleet: Path, tmp_path: Path) -> None:

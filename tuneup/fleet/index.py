@@ -149,7 +149,12 @@ def _read(path: Path, schema: pa.Schema) -> pa.Table:
 def query(index_dir: str | os.PathLike[str], sql: str) -> Any:
     """A DuckDB relation for `sql` over the index, with views `runs` and `steps` on its Parquet files
     (`query(d, "SELECT instance, sum(exposed_communication_usd) FROM runs GROUP BY 1").fetchall()`)."""
-    import duckdb
+    try:
+        import duckdb
+    except ImportError as exc:
+        raise FleetIndexError(
+            f"querying the index needs DuckDB ({exc}); install the fleet extra: pip install 'tuneup[fleet]'"
+        ) from None
 
     con = duckdb.connect()
     for view, name in (("runs", RUNS_FILE), ("steps", STEPS_FILE)):
@@ -291,8 +296,16 @@ def _read_all(
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     context = multiprocessing.get_context(method)
     chunks = _chunks(todo, ROWS_PER_TASK)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_start) as pool:
         return [item for part in pool.map(_index_chunk, chunks, [cost] * len(chunks)) for item in part]
+
+
+def _worker_start() -> None:
+    """A worker's start: what it inherited (modules, the parent's objects) moved out of the collector's
+    sight, so that each collection after a chunk walks the chunk's objects only."""
+    import gc
+
+    gc.freeze()
 
 
 def default_workers() -> int:
