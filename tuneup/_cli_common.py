@@ -6,11 +6,15 @@ tuneup.cli, which imports every command to build its parser: that was an import 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneup.target import Target, TargetError, parse_target
+
+if TYPE_CHECKING:
+    from tuneup.cost.options import CostOptions
 
 # How far below a RUN_DIR that is not a run to look for one: `reports/demo/run` is one level down,
 # `reports/bench/<time>/candidate/run-00` (a set) two. Deeper would walk whole trees of runs.
@@ -81,3 +85,75 @@ def target_option(args: Any) -> Target | None:
         return parse_target(text)
     except TargetError as exc:
         raise UsageError(str(exc)) from None
+
+
+def add_cost_arguments(
+    parser: argparse.ArgumentParser,
+    what: str = "price the run (replaces a price it recorded); `tuneup catalog` lists the instances",
+) -> None:
+    """Options that price a run after the fact; `what` says whether they replace a price the run recorded."""
+    group = parser.add_argument_group("cost", what)
+    price = group.add_mutually_exclusive_group()
+    price.add_argument("--instance", metavar="KEY", help="a catalog instance, e.g. aws:p4d.24xlarge")
+    price.add_argument("--price-per-hour", metavar="USD", type=float, help="your own price in USD per hour")
+    group.add_argument("--spot", action="store_true", help="with --instance: its spot price")
+    group.add_argument(
+        "--price-per",
+        choices=("node", "gpu"),
+        default="node",
+        help="with --price-per-hour: the price of one node or of one GPU (default: %(default)s)",
+    )
+    group.add_argument(
+        "--catalog", metavar="CSV", help="instances that extend or override the packaged catalog"
+    )
+    group.add_argument(
+        "--electricity-price", metavar="USD_PER_KWH", type=float, help="to cost the GPUs' energy"
+    )
+    group.add_argument(
+        "--target-tokens", metavar="N", type=float, help="also project time and cost to N tokens"
+    )
+    group.add_argument("--target-steps", metavar="N", type=int, help="also project time and cost to N steps")
+    group.add_argument(
+        "--validation-useful",
+        action="store_true",
+        help="the badput ledger counts validation as useful work (model selection, early stopping), not badput",
+    )
+
+
+def cost_options(args: argparse.Namespace) -> CostOptions | None:
+    """The cost options given on the command line, checked; UsageError names the option and the fix."""
+    from tuneup.catalog import CatalogError, load_instances
+    from tuneup.cost.options import CostOptions
+    from tuneup.cost.pricing import PriceChoice, PricingError, check_choice
+
+    for name in ("electricity_price", "target_tokens", "target_steps"):
+        value = getattr(args, name, None)
+        if value is not None and not (value > 0 and value != float("inf")):
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    try:
+        if args.catalog is not None:
+            load_instances(args.catalog)  # a bad file fails here, naming its line
+        choice = None
+        if args.instance is not None or args.price_per_hour is not None:
+            choice = PriceChoice(
+                instance=args.instance,
+                spot=args.spot,
+                price_per_hour=args.price_per_hour,
+                price_per=args.price_per,
+                catalog=args.catalog,
+                source="command line",
+            )
+            choice = check_choice(choice, where="--instance" if args.instance else "--price-per-hour")
+        elif args.spot:
+            raise PricingError("--spot needs --instance")
+    except (CatalogError, PricingError) as exc:
+        raise UsageError(str(exc)) from None
+    options = CostOptions(
+        price=choice,
+        catalog=args.catalog,
+        electricity_usd_per_kwh=args.electricity_price,
+        target_tokens=args.target_tokens,
+        target_steps=args.target_steps,
+        validation_useful=bool(getattr(args, "validation_useful", False)),
+    )
+    return options if options != CostOptions() else None

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuneup._cli_common import UsageError, resolve_run_dir, target_option
+from tuneup._cli_common import UsageError, add_cost_arguments, cost_options, resolve_run_dir, target_option
 from tuneup._gc import cyclic_gc_paused
 from tuneup._version import __version__
 
@@ -64,77 +64,6 @@ def add_target_argument(parser: argparse.ArgumentParser) -> None:
         help="a quality target on a metric the run logged, e.g. 'val_loss<=2.1' or 'val_acc>=0.9': when and "
         "at what cost the run reached it, or a projection (default: the target the callback recorded)",
     )
-
-
-def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options that price a run after the fact; they replace the price the run recorded, if any."""
-    group = parser.add_argument_group(
-        "cost", "price the run (replaces a price it recorded); `tuneup catalog` lists the instances"
-    )
-    price = group.add_mutually_exclusive_group()
-    price.add_argument("--instance", metavar="KEY", help="a catalog instance, e.g. aws:p4d.24xlarge")
-    price.add_argument("--price-per-hour", metavar="USD", type=float, help="your own price in USD per hour")
-    group.add_argument("--spot", action="store_true", help="with --instance: its spot price")
-    group.add_argument(
-        "--price-per",
-        choices=("node", "gpu"),
-        default="node",
-        help="with --price-per-hour: the price of one node or of one GPU (default: %(default)s)",
-    )
-    group.add_argument(
-        "--catalog", metavar="CSV", help="instances that extend or override the packaged catalog"
-    )
-    group.add_argument(
-        "--electricity-price", metavar="USD_PER_KWH", type=float, help="to cost the GPUs' energy"
-    )
-    group.add_argument(
-        "--target-tokens", metavar="N", type=float, help="also project time and cost to N tokens"
-    )
-    group.add_argument("--target-steps", metavar="N", type=int, help="also project time and cost to N steps")
-    group.add_argument(
-        "--validation-useful",
-        action="store_true",
-        help="the badput ledger counts validation as useful work (model selection, early stopping), not badput",
-    )
-
-
-def cost_options(args: argparse.Namespace) -> CostOptions | None:
-    """The cost options given on the command line, checked; UsageError names the option and the fix."""
-    from tuneup.catalog import CatalogError, load_instances
-    from tuneup.cost.options import CostOptions
-    from tuneup.cost.pricing import PriceChoice, PricingError, check_choice
-
-    for name in ("electricity_price", "target_tokens", "target_steps"):
-        value = getattr(args, name, None)
-        if value is not None and not (value > 0 and value != float("inf")):
-            raise UsageError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-    try:
-        if args.catalog is not None:
-            load_instances(args.catalog)  # a bad file fails here, naming its line
-        choice = None
-        if args.instance is not None or args.price_per_hour is not None:
-            choice = PriceChoice(
-                instance=args.instance,
-                spot=args.spot,
-                price_per_hour=args.price_per_hour,
-                price_per=args.price_per,
-                catalog=args.catalog,
-                source="command line",
-            )
-            choice = check_choice(choice, where="--instance" if args.instance else "--price-per-hour")
-        elif args.spot:
-            raise PricingError("--spot needs --instance")
-    except (CatalogError, PricingError) as exc:
-        raise UsageError(str(exc)) from None
-    options = CostOptions(
-        price=choice,
-        catalog=args.catalog,
-        electricity_usd_per_kwh=args.electricity_price,
-        target_tokens=args.target_tokens,
-        target_steps=args.target_steps,
-        validation_useful=bool(getattr(args, "validation_useful", False)),
-    )
-    return options if options != CostOptions() else None
 
 
 def _write_report(
@@ -412,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     from tuneup.tune.command import add_command as add_tune_command
 
     add_tune_command(sub, UsageError)
+    from tuneup.fleet.index_cli import add_command as add_index_command
+
+    add_index_command(sub, UsageError)
+    from tuneup.fleet.fleet_cli import add_command as add_fleet_command
+
+    add_fleet_command(sub, UsageError)
     return parser
 
 

@@ -15,7 +15,7 @@ FLEET_EXTRA_HINT = "install the fleet extra: pip install 'tuneup[fleet]'"
 
 
 def add_command(sub: Any, usage_error: type[Exception]) -> None:
-    from tuneup.cli import add_cost_arguments
+    from tuneup._cli_common import add_cost_arguments
 
     index = sub.add_parser(
         "index",
@@ -44,7 +44,11 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
         default=None,
         help="processes that read runs (default: one per core)",
     )
-    add_cost_arguments(index)
+    add_cost_arguments(
+        index,
+        "price the runs that recorded no price (a run's own recorded price stands); `tuneup catalog` lists "
+        "the instances",
+    )
 
     def run(args: argparse.Namespace) -> int:
         return cmd_index(args, usage_error)
@@ -53,7 +57,7 @@ def add_command(sub: Any, usage_error: type[Exception]) -> None:
 
 
 def cmd_index(args: argparse.Namespace, usage_error: type[Exception]) -> int:
-    from tuneup.cli import cost_options
+    from tuneup._cli_common import cost_options
     from tuneup.record.remote import is_url
 
     if is_url(args.index):
