@@ -238,6 +238,9 @@ def test_step_summary_merges_a_long_runs_windows_into_at_most_32(tmp_path: Path)
     assert all(b["first_step"] == a["last_step"] + 1 for a, b in itertools.pairwise(rows))
     # make_run: rank 0's steps take 10 ms, rank 1's 11 ms; the median over ranks of the window medians.
     assert rows[5]["step_median_ms"] == pytest.approx(10.5)
+    # 8 samples a step on each rank, over the steps' own time (10 and 11 ms: 10.5 ms a span-step on the
+    # mean), not over the windows' wall-clock span, which a validation or a save between steps would stretch.
+    assert rows[5]["samples_per_s"] == pytest.approx(2 * 8 / 0.0105, rel=1e-6)
 
 
 def test_an_unreadable_run_keeps_an_error_row_and_is_retried_only_when_it_changes(

@@ -178,16 +178,19 @@ def step_rows(key: str, runs: list[Run]) -> list[dict[str, Any]]:
 
 
 def _samples_per_s(windows: list[WindowAggregate]) -> float | None:
-    """Samples per second over `windows` (one span of steps, every rank's): each rank's samples over its
-    own windows' wall time, summed over ranks. Ranks are told apart by their windows' wall clock: the
-    windows of one rank do not overlap, those of several ranks do; so the rate is the total samples over
-    the mean time per rank."""
-    per_span: dict[tuple[int, int], list[WindowAggregate]] = {}
+    """Samples per second of training steps over `windows` (one span of steps, every rank's), as the report's
+    throughput counts it: the samples over the steps' own time (the windows' mean step x steps), so that a
+    validation or a checkpoint save between steps does not read as a slower step. Each span's ranks ran its
+    steps side by side: its time is their mean, the group's the spans' sum."""
+    per_span: dict[tuple[int, int], list[float]] = {}
+    samples, counted = 0, False
     for w in windows:
-        per_span.setdefault((w.first_step, w.last_step), []).append(w)
-    samples = sum(w.samples for w in windows if w.samples is not None)
-    if not any(w.samples is not None for w in windows):
-        return None
-    # Each span's ranks ran its steps side by side: its time is their mean, the group's the spans' sum.
-    time_s = sum(statistics.fmean(w.t_end - w.t_start for w in ws) for ws in per_span.values())
-    return samples / time_s if time_s > 0 else None
+        wall = w.stats.get("wall_ms")
+        if wall is None or "mean" not in wall or "n" not in wall:
+            continue
+        per_span.setdefault((w.first_step, w.last_step), []).append(wall["mean"] * wall["n"] / 1000.0)
+        if w.samples is not None:
+            samples += w.samples
+            counted = True
+    time_s = sum(statistics.fmean(times) for times in per_span.values())
+    return samples / time_s if counted and time_s > 0 else None
