@@ -33,7 +33,7 @@ from tuneup.fleet.dashboard import (
 from tuneup.report import format as fmt
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import FOLD_ROWS, Block, Figure, Metric, Metrics, Paragraph, Section, Table
-from tuneup.report.html import _CSP, _CSS, _block, _el, _figure, _Html, _join, _void
+from tuneup.report.html import PAGE_CSP, PAGE_CSS, Html, block_html, el, figure_html, join, void
 from tuneup.report.sections.badput import label as category_label
 
 FORMATS = ("html", "md", "json", "text")
@@ -566,36 +566,36 @@ def _row_table(
     wide: int | None = None,
     verdict: int | None = None,
     fold: bool = False,
-) -> _Html:
-    def cell(i: int, value: str) -> _Html:
+) -> Html:
+    def cell(i: int, value: str) -> Html:
         kind = "num" if i in numeric else "reason" if i == wide else None
         if i == verdict:
             kind = f"verdict-{value.replace(' ', '_')}"
-        return _el("td", value, class_=kind)
+        return el("td", value, class_=kind)
 
-    head = _el("tr", *(_el("th", h, class_="num" if i in numeric else None) for i, h in enumerate(header)))
-    body = [_el("tr", *(cell(i, v) for i, v in enumerate(cells)), class_=classes) for classes, cells in rows]
-    table = _el("div", _el("table", _el("thead", head), _el("tbody", _join(body))), class_="scroll")
+    head = el("tr", *(el("th", h, class_="num" if i in numeric else None) for i, h in enumerate(header)))
+    body = [el("tr", *(cell(i, v) for i, v in enumerate(cells)), class_=classes) for classes, cells in rows]
+    table = el("div", el("table", el("thead", head), el("tbody", join(body))), class_="scroll")
     if fold and len(rows) > FOLD_ROWS:
         # A long table would bury the sections below it; one click away, and find-in-page still searches it.
-        return _el("details", _el("summary", f"{title} ({fmt.plural(len(rows), 'row')})"), table)
-    return _Html(_el("h3", title) + table)
+        return el("details", el("summary", f"{title} ({fmt.plural(len(rows), 'row')})"), table)
+    return Html(el("h3", title) + table)
 
 
-def _sliced(view: FleetView, build: Callable[[Slice], Block]) -> _Html:
+def _sliced(view: FleetView, build: Callable[[Slice], Block]) -> Html:
     """One block per slice, each wrapped in its filter classes; an empty choice says so."""
-    parts: list[_Html] = []
+    parts: list[Html] = []
     have = {(s.group, s.period): s for s in view.slices}
     for group in [None, *view.groups]:
         for period in [None, *view.periods]:
             s = have.get((group, period))
             body = (
-                _block(build(s))
+                block_html(build(s))
                 if s is not None
-                else _el("p", "No runs for this choice of filters.", class_="note")
+                else el("p", "No runs for this choice of filters.", class_="note")
             )
-            parts.append(_el("div", body, class_=_classes(view, group, period, "s")))
-    return _join(parts)
+            parts.append(el("div", body, class_=_classes(view, group, period, "s")))
+    return join(parts)
 
 
 def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | None = None) -> str:
@@ -603,29 +603,29 @@ def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | Non
     (drawn into `plot_dir` unless given)."""
     title = _title(view)
     group_by = view.filters.group_by
-    inputs = [_void("input", type="radio", name="fg", id="fg-all", class_="f", checked="checked")]
+    inputs = [void("input", type="radio", name="fg", id="fg-all", class_="f", checked="checked")]
     inputs += [
-        _void("input", type="radio", name="fg", id=f"fg-{i}", class_="f") for i in range(len(view.groups))
+        void("input", type="radio", name="fg", id=f"fg-{i}", class_="f") for i in range(len(view.groups))
     ]
-    inputs.append(_void("input", type="radio", name="fp", id="fp-all", class_="f", checked="checked"))
+    inputs.append(void("input", type="radio", name="fp", id="fp-all", class_="f", checked="checked"))
     inputs += [
-        _void("input", type="radio", name="fp", id=f"fp-{i}", class_="f") for i in range(len(view.periods))
+        void("input", type="radio", name="fp", id=f"fp-{i}", class_="f") for i in range(len(view.periods))
     ]
-    filters = _el(
+    filters = el(
         "nav",
-        _el(
+        el(
             "p",
-            _el("strong", f"{group_by}: "),
-            _el("label", "all", for_="fg-all"),
-            *(_el("label", g, for_=f"fg-{i}") for i, g in enumerate(view.groups)),
+            el("strong", f"{group_by}: "),
+            el("label", "all", for_="fg-all"),
+            *(el("label", g, for_=f"fg-{i}") for i, g in enumerate(view.groups)),
         ),
-        _el(
+        el(
             "p",
-            _el("strong", f"{view.period_unit}: "),
-            _el("label", "all", for_="fp-all"),
-            *(_el("label", p, for_=f"fp-{i}") for i, p in enumerate(view.periods)),
+            el("strong", f"{view.period_unit}: "),
+            el("label", "all", for_="fp-all"),
+            *(el("label", p, for_=f"fp-{i}") for i, p in enumerate(view.periods)),
         ),
-        _el(
+        el(
             "p",
             "The filters narrow every headline and table below (without a server: each choice was computed when "
             "the page was made). The two spend charts show the whole selection.",
@@ -634,20 +634,20 @@ def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | Non
         class_="filters",
         aria_label="Filters",
     )
-    sections: list[_Html] = []
+    sections: list[Html] = []
 
     def section(id_: str, heading: str, *body: object) -> None:
-        sections.append(_el("section", _el("h2", heading), *body, id=id_))
+        sections.append(el("section", el("h2", heading), *body, id=id_))
 
     if not view.slices:
-        section("summary", "Summary", _el("p", _nothing(view), class_="note"))
+        section("summary", "Summary", el("p", _nothing(view), class_="note"))
     else:
         section(
             "summary",
             "Summary",
             _sliced(view, _headline),
-            _join([_el("p", n, class_="note") for n in view.notes]),
-            _el(
+            join([el("p", n, class_="note") for n in view.notes]),
+            el(
                 "p",
                 f"{fmt.plural(view.unreadable_runs, 'run')} of the index could not be read and have no figures: "
                 f"{', '.join(view.unreadable_examples)}{' and more' if view.unreadable_runs > len(view.unreadable_examples) else ''}.",
@@ -659,7 +659,7 @@ def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | Non
         section(
             "ledger",
             "Where the money went",
-            _el(
+            el(
                 "p",
                 "Each run's wall time and dollars split into productive compute and named badput, summed over "
                 "the runs. Validation is badput here unless a run was recorded with validation counted as useful; "
@@ -679,7 +679,7 @@ def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | Non
         section(
             "spend",
             "Spend over time",
-            _join([_figure(p) for p in plots]),
+            join([figure_html(p) for p in plots]),
             _row_table(
                 f"Spend by {view.period_unit} and {group_by}",
                 ("Period", group_by, "Runs", "$", "Device hours"),
@@ -697,7 +697,7 @@ def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | Non
         section(
             "runs",
             "Most expensive runs",
-            _el(
+            el(
                 "p",
                 f"The {TOP_RUNS_ALL} most expensive runs of the whole selection; {TOP_RUNS_SLICE} for a "
                 "filtered choice.",
@@ -712,17 +712,17 @@ def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | Non
         section(
             "regressions",
             "Regressions between consecutive runs",
-            _join([_el("p", line) for line in _regression_lines(view)]),
+            join([el("p", line) for line in _regression_lines(view)]),
             _row_table(
                 "Pairs judged", PAIR_HEADER, pair_rows, PAIR_NUMERIC, wide=len(PAIR_HEADER) - 1, verdict=0
             ),
         )
-    toc = _el(
+    toc = el(
         "nav",
-        _el(
+        el(
             "ol",
             *(
-                _el("li", _el("a", t, href=f"#{i}"))
+                el("li", el("a", t, href=f"#{i}"))
                 for i, t in (
                     ("summary", "Summary"),
                     ("ledger", "Where the money went"),
@@ -736,28 +736,28 @@ def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | Non
         class_="toc",
         aria_label="Sections",
     )
-    head = _el(
+    head = el(
         "head",
-        _void("meta", charset="utf-8"),
-        _void("meta", http_equiv="Content-Security-Policy", content=_CSP),
-        _void("meta", name="viewport", content="width=device-width, initial-scale=1"),
-        _void("meta", name="color-scheme", content="light"),
-        _el("title", title),
-        _el("style", _Html(_CSS + _FLEET_CSS + _filter_css(len(view.groups), len(view.periods)))),
+        void("meta", charset="utf-8"),
+        void("meta", http_equiv="Content-Security-Policy", content=PAGE_CSP),
+        void("meta", name="viewport", content="width=device-width, initial-scale=1"),
+        void("meta", name="color-scheme", content="light"),
+        el("title", title),
+        el("style", Html(PAGE_CSS + _FLEET_CSS + _filter_css(len(view.groups), len(view.periods)))),
     )
-    body = _el(
+    body = el(
         "body",
-        _join(inputs, ""),
-        _el(
+        join(inputs, ""),
+        el(
             "main",
-            _el("header", _el("h1", title), _el("p", _subtitle(view))),
+            el("header", el("h1", title), el("p", _subtitle(view))),
             toc,
             filters,
-            _join(sections),
-            _el("footer", _el("p", _footer(view))),
+            join(sections),
+            el("footer", el("p", _footer(view))),
         ),
     )
-    return "<!DOCTYPE html>\n" + _el("html", head, body, lang="en") + "\n"
+    return "<!DOCTYPE html>\n" + el("html", head, body, lang="en") + "\n"
 
 
 def write_fleet(view: FleetView, out_dir: Path, formats: Sequence[str]) -> list[Path]:

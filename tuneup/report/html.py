@@ -1,7 +1,7 @@
 """The report as one self-contained HTML page: inline CSS, plots as data: URIs, no script, no network.
 
-Escaping is the default, not a step to remember: markup is built only with `_el` and `_void`, which
-escape every child and attribute value that is not already `_Html` (markup made by those two helpers).
+Escaping is the default, not a step to remember: markup is built only with `el` and `void`, which
+escape every child and attribute value that is not already `Html` (markup made by those two helpers).
 A Content-Security-Policy in the page itself backs this up: even injected markup could neither run
 script nor fetch anything.
 """
@@ -32,33 +32,31 @@ from tuneup.report.blocks import (
 from tuneup.report.sections import generated_line, page_subtitle, page_title, report_sections
 
 
-class _Html(str):
+class Html(str):
     """Markup made here, safe to place as is. Any other str is text and gets escaped."""
 
     __slots__ = ()
 
 
-def _e(value: object) -> _Html:
-    return value if isinstance(value, _Html) else _Html(html.escape(str(value), quote=True))
+def _e(value: object) -> Html:
+    return value if isinstance(value, Html) else Html(html.escape(str(value), quote=True))
 
 
 # Prose marks code as Markdown does, with backticks ("run `tuneup compare`"): one pair on one line.
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 
 
-def _prose(value: object) -> _Html:
+def _prose(value: object) -> Html:
     """Text that may hold `code` spans: each span becomes <code>, everything escaped. Code blocks keep
     their backticks (they are code); prose in every other block goes through here. The backticks stay in
     the page's text, hidden by the style: a string from the record (a catalog cell, a path) is still there
     verbatim, and only its look changes."""
-    if isinstance(value, _Html):
+    if isinstance(value, Html):
         return value
     parts = _CODE_SPAN.split(str(value))
-    tick = _el("span", "`", class_="tick")
+    tick = el("span", "`", class_="tick")
     # split() alternates text and the spans' insides: odd places are code.
-    return _Html(
-        "".join(_el("code", tick, part, tick) if i % 2 else _e(part) for i, part in enumerate(parts))
-    )
+    return Html("".join(el("code", tick, part, tick) if i % 2 else _e(part) for i, part in enumerate(parts)))
 
 
 def _attrs(attrs: dict[str, object]) -> str:
@@ -70,16 +68,16 @@ def _attrs(attrs: dict[str, object]) -> str:
     )
 
 
-def _el(tag: str, *children: object, **attrs: object) -> _Html:
-    return _Html(f"<{tag}{_attrs(attrs)}>{''.join(_e(c) for c in children)}</{tag}>")
+def el(tag: str, *children: object, **attrs: object) -> Html:
+    return Html(f"<{tag}{_attrs(attrs)}>{''.join(_e(c) for c in children)}</{tag}>")
 
 
-def _void(tag: str, **attrs: object) -> _Html:
-    return _Html(f"<{tag}{_attrs(attrs)}>")
+def void(tag: str, **attrs: object) -> Html:
+    return Html(f"<{tag}{_attrs(attrs)}>")
 
 
-def _join(parts: Sequence[object], sep: str = "\n") -> _Html:
-    return _Html(sep.join(_e(p) for p in parts))
+def join(parts: Sequence[object], sep: str = "\n") -> Html:
+    return Html(sep.join(_e(p) for p in parts))
 
 
 # Only image formats a browser shows in <img> without running anything; SVG could carry script.
@@ -91,22 +89,20 @@ _IMAGE_TYPES = (
 )
 
 
-def _figure(plot: PlotFile) -> _Html:
+def figure_html(plot: PlotFile) -> Html:
     try:
         data = Path(plot.path).read_bytes()
     except OSError as exc:
-        return _el("p", f"Plot “{plot.title}” could not be read ({type(exc).__name__}).", class_="note")
+        return el("p", f"Plot “{plot.title}” could not be read ({type(exc).__name__}).", class_="note")
     mime = next((m for magic, m in _IMAGE_TYPES if data.startswith(magic)), None)
     if mime is None:
-        return _el(
-            "p", f"Plot “{plot.title}” is not a PNG, JPEG or GIF image and is left out.", class_="note"
-        )
+        return el("p", f"Plot “{plot.title}” is not a PNG, JPEG or GIF image and is left out.", class_="note")
     uri = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
-    return _el(
+    return el(
         "figure",
-        _void("img", src=uri, alt=plot.caption),
+        void("img", src=uri, alt=plot.caption),
         # The plot draws its own title: the caption says how to read it.
-        _el("figcaption", _prose(plot.caption)),
+        el("figcaption", _prose(plot.caption)),
     )
 
 
@@ -115,23 +111,23 @@ def _figure(plot: PlotFile) -> _Html:
 MAX_CHOICES = 6
 
 
-def _figure_choice(block: FigureChoice) -> _Html:
+def _figure_choice(block: FigureChoice) -> Html:
     # One radio group per choice, named after its first figure's file (unique in a report).
     group = "switch-" + re.sub(r"[^A-Za-z0-9_-]+", "-", block.options[0][1].name if block.options else "none")
-    buttons: list[_Html] = []
+    buttons: list[Html] = []
     for i, (label, _plot) in enumerate(block.options[:MAX_CHOICES]):
         key = f"{group}-{i}"
         attrs: dict[str, object] = {"type": "radio", "name": group, "id": key}
         if i == 0:
             attrs["checked"] = "checked"
-        buttons.append(_void("input", **attrs))
-        buttons.append(_el("label", label, for_=key))
-    panes = [_el("div", _figure(plot), class_="pane") for _label, plot in block.options[:MAX_CHOICES]]
-    return _el(
+        buttons.append(void("input", **attrs))
+        buttons.append(el("label", label, for_=key))
+    panes = [el("div", figure_html(plot), class_="pane") for _label, plot in block.options[:MAX_CHOICES]]
+    return el(
         "div",
-        _el("p", _el("strong", block.title), " · x-axis:", class_="switch-title"),
-        _join(buttons, ""),
-        _el("div", _join(panes), class_="panes"),
+        el("p", el("strong", block.title), " · x-axis:", class_="switch-title"),
+        join(buttons, ""),
+        el("div", join(panes), class_="panes"),
         class_="switch",
     )
 
@@ -139,33 +135,33 @@ def _figure_choice(block: FigureChoice) -> _Html:
 _SEVERITY_CLASS = {"warning": "warning", "info": "info"}
 
 
-def _findings(block: FindingList) -> _Html:
+def _findings(block: FindingList) -> Html:
     if not block.items:
-        return _el("p", _prose(block.empty), class_="note")
+        return el("p", _prose(block.empty), class_="note")
     items = [
-        _el(
+        el(
             "li",
-            _el("span", f.severity, class_=f"badge {_SEVERITY_CLASS.get(f.severity, 'other')}"),
+            el("span", f.severity, class_=f"badge {_SEVERITY_CLASS.get(f.severity, 'other')}"),
             " ",
-            _el("strong", _prose(f.title)),
-            _el("p", _prose(f.evidence)),
+            el("strong", _prose(f.title)),
+            el("p", _prose(f.evidence)),
             class_=f"finding {_SEVERITY_CLASS.get(f.severity, 'other')}",
         )
         for f in block.items
     ]
-    return _el("ul", _join(items), class_="findings")
+    return el("ul", join(items), class_="findings")
 
 
-def _caption(title: str) -> _Html:
-    return _el("h3", title) if title else _Html("")
+def _caption(title: str) -> Html:
+    return el("h3", title) if title else Html("")
 
 
-def _titled(title: str, body: _Html, detail: bool) -> _Html:
+def _titled(title: str, body: Html, detail: bool) -> Html:
     if detail:
         # Long reference tables (configuration, environment) stay one click away; find-in-page still
         # searches them.
-        return _el("details", _el("summary", title or "Details"), body)
-    return _Html(_caption(title) + body)
+        return el("details", el("summary", title or "Details"), body)
+    return Html(_caption(title) + body)
 
 
 # A text cell longer than this wraps (at word boundaries, in a column at least LONG_CELL_EM wide); shorter
@@ -173,47 +169,47 @@ def _titled(title: str, body: _Html, detail: bool) -> _Html:
 LONG_CELL_CHARS = 40
 
 
-def _table(block: Table) -> _Html:
-    def cell(tag: str, i: int, value: str) -> _Html:
+def _table(block: Table) -> Html:
+    def cell(tag: str, i: int, value: str) -> Html:
         kind = "num" if i in block.numeric else "long" if len(value) > LONG_CELL_CHARS else None
-        return _el(tag, _prose(value), class_=kind)
+        return el(tag, _prose(value), class_=kind)
 
-    head = _el("tr", *(cell("th", i, h) for i, h in enumerate(block.header)))
+    head = el("tr", *(cell("th", i, h) for i, h in enumerate(block.header)))
     last = len(block.rows) - 1
     body = [
-        _el(
+        el(
             "tr",
             *(cell("td", i, v) for i, v in enumerate(row)),
             class_="total" if block.total and n == last else None,
         )
         for n, row in enumerate(block.rows)
     ]
-    table = _el("table", _el("thead", head), _el("tbody", _join(body)))
-    return _titled(block.title, _el("div", table, class_="scroll"), block.detail)
+    table = el("table", el("thead", head), el("tbody", join(body)))
+    return _titled(block.title, el("div", table, class_="scroll"), block.detail)
 
 
-def _key_values(block: KeyValues) -> _Html:
-    rows = [_el("tr", _el("th", _prose(k), scope="row"), _el("td", _prose(v))) for k, v in block.pairs]
-    return _titled(block.title, _el("table", _el("tbody", _join(rows)), class_="kv"), block.detail)
+def _key_values(block: KeyValues) -> Html:
+    rows = [el("tr", el("th", _prose(k), scope="row"), el("td", _prose(v))) for k, v in block.pairs]
+    return _titled(block.title, el("table", el("tbody", join(rows)), class_="kv"), block.detail)
 
 
-def _metrics(block: Metrics) -> _Html:
+def _metrics(block: Metrics) -> Html:
     cards = [
-        _el(
+        el(
             "div",
-            _el("div", _prose(m.label), class_="label"),
-            _el("div", _prose(m.value), class_="value"),
-            _el("div", _prose(m.detail), class_="detail"),
+            el("div", _prose(m.label), class_="label"),
+            el("div", _prose(m.value), class_="value"),
+            el("div", _prose(m.detail), class_="detail"),
             class_="metric",
         )
         for m in block.items
     ]
-    return _el("div", _join(cards), class_="metrics")
+    return el("div", join(cards), class_="metrics")
 
 
-def _block(block: Block) -> _Html:
+def block_html(block: Block) -> Html:
     if isinstance(block, Paragraph):
-        return _el("p", _prose(block.text), class_="note" if block.quiet else None)
+        return el("p", _prose(block.text), class_="note" if block.quiet else None)
     if isinstance(block, Metrics):
         return _metrics(block)
     if isinstance(block, FindingList):
@@ -223,24 +219,24 @@ def _block(block: Block) -> _Html:
     if isinstance(block, KeyValues):
         return _key_values(block)
     if isinstance(block, Bullets):
-        return _el("ul", _join([_el("li", _prose(item)) for item in block.items]), class_="plain")
+        return el("ul", join([el("li", _prose(item)) for item in block.items]), class_="plain")
     if isinstance(block, Figure):
-        return _figure(block.plot)
+        return figure_html(block.plot)
     if isinstance(block, FigureChoice):
         return _figure_choice(block)
     if isinstance(block, Code):
-        return _el(
-            "div", _el("p", _el("strong", block.title)), _el("pre", _el("code", block.text)), class_="code"
-        )
+        return el("div", el("p", el("strong", block.title)), el("pre", el("code", block.text)), class_="code")
     raise TypeError(f"no HTML for block {type(block).__name__}")
 
 
-def _section(section: Section) -> _Html:
-    return _el("section", _el("h2", section.title), _join([_block(b) for b in section.blocks]), id=section.id)
+def _section(section: Section) -> Html:
+    return el(
+        "section", el("h2", section.title), join([block_html(b) for b in section.blocks]), id=section.id
+    )
 
 
 # System fonts only: a web font would be a network fetch.
-_CSS = """
+PAGE_CSS = """
 :root { color-scheme: light; --fg: #1f2328; --muted: #59636e; --line: #d1d9e0; --soft: #f6f8fa;
   --accent: #0b5cad; --warn: #9a6700; --warn-bg: #fff8c5; --info: #0b5cad; --info-bg: #ddf4ff; }
 * { box-sizing: border-box; }
@@ -319,7 +315,7 @@ footer { margin-top: 48px; color: var(--muted); font-size: 13px; }
 """
 
 # Defence in depth: no script, no fetch, images only from data: URIs, styles only from this page.
-_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+PAGE_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
 
 def render_html(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> str:
@@ -336,29 +332,29 @@ def render_sections_html(title: str, subtitle: str, sections: Sequence[Section],
     """Any sections as one offline HTML5 page with the report's shell: styles, the policy that forbids
     script and fetches, a table of contents, and every string escaped (`tuneup tune`'s report uses it).
     Figures are the sections' own Figure blocks, embedded as data: URIs."""
-    toc = _el(
+    toc = el(
         "nav",
-        _el("ol", _join([_el("li", _el("a", s.title, href=f"#{s.id}")) for s in sections])),
+        el("ol", join([el("li", el("a", s.title, href=f"#{s.id}")) for s in sections])),
         class_="toc",
         aria_label="Sections",
     )
-    head = _el(
+    head = el(
         "head",
-        _void("meta", charset="utf-8"),
-        _void("meta", http_equiv="Content-Security-Policy", content=_CSP),
-        _void("meta", name="viewport", content="width=device-width, initial-scale=1"),
-        _void("meta", name="color-scheme", content="light"),
-        _el("title", title),
-        _el("style", _Html(_CSS)),
+        void("meta", charset="utf-8"),
+        void("meta", http_equiv="Content-Security-Policy", content=PAGE_CSP),
+        void("meta", name="viewport", content="width=device-width, initial-scale=1"),
+        void("meta", name="color-scheme", content="light"),
+        el("title", title),
+        el("style", Html(PAGE_CSS)),
     )
-    body = _el(
+    body = el(
         "body",
-        _el(
+        el(
             "main",
-            _el("header", _el("h1", title), _el("p", subtitle)),
+            el("header", el("h1", title), el("p", subtitle)),
             toc,
-            _join([_section(s) for s in sections]),
-            _el("footer", _el("p", footer)) if footer else "",
+            join([_section(s) for s in sections]),
+            el("footer", el("p", footer)) if footer else "",
         ),
     )
-    return "<!DOCTYPE html>\n" + _el("html", head, body, lang="en") + "\n"
+    return "<!DOCTYPE html>\n" + el("html", head, body, lang="en") + "\n"
