@@ -25,11 +25,9 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 from tuneup.analyze.model import BADPUT_CATEGORIES, decimals, significant
 from tuneup.compare.rule import MIN_RUNS_FOR_TEST, Rule, Verdict, decide
-from tuneup.fleet.index import RUNS_FILE, FleetIndexError, read_index
+from tuneup.fleet.index import FleetIndexError, connect
 from tuneup.report.format import plural
 
 # The tag a run's group is read from when --group-by is not given: the first of these that any selected
@@ -230,26 +228,6 @@ class FleetView:
 # -- reading the index -------------------------------------------------------------------------------
 
 
-def _connect(index_dir: Path) -> Any:
-    """A DuckDB connection with the index's tables (read by tuneup.fleet.index.read_index, which checks
-    their columns) as `runs` and `steps`."""
-    if not index_dir.exists():
-        raise FleetIndexError(
-            f"{index_dir} does not exist; build an index first: tuneup index RUN_DIR... --index {index_dir}"
-        )
-    if not (index_dir / RUNS_FILE).is_file():
-        raise FleetIndexError(
-            f"{index_dir} is not a fleet index (no {RUNS_FILE} in it); pass the directory tuneup index wrote"
-        )
-    runs, steps = read_index(index_dir)
-    con = duckdb.connect()
-    # Periods are UTC days, weeks and months wherever the command runs.
-    con.execute("SET TimeZone = 'UTC'")
-    con.register("runs", runs)
-    con.register("steps", steps)
-    return con
-
-
 def parse_when(text: str, option: str, end_of_day: bool = False) -> datetime:
     """--since/--until: an ISO date (2026-11-01) or date and time (2026-11-01T12:00, UTC unless it says
     otherwise). A bare date as --until means the whole day. FleetIndexError names the option and the fix."""
@@ -398,7 +376,7 @@ def build_fleet_view(
     tags = dict(tags or {})
     since_at = parse_when(since, "--since") if since else None
     until_at = parse_when(until, "--until", end_of_day=True) if until else None
-    con = _connect(index_dir)
+    con = connect(index_dir)
     try:
         return _view(con, index_dir, tags, since, until, since_at, until_at, group_by, rule or Rule())
     finally:

@@ -146,26 +146,37 @@ def _read(path: Path, schema: pa.Schema) -> pa.Table:
     return table.select(schema.names).cast(schema)
 
 
-def query(index_dir: str | os.PathLike[str], sql: str) -> Any:
-    """A DuckDB relation for `sql` over the index, with views `runs` and `steps` on its Parquet files
-    (`query(d, "SELECT instance, sum(exposed_communication_usd) FROM runs GROUP BY 1").fetchall()`)."""
+def connect(index_dir: str | os.PathLike[str]) -> Any:
+    """A DuckDB connection with the index's tables as `runs` and `steps` (read by `read_index`, which checks
+    their columns), its time zone UTC so that days, weeks and months are the same wherever it runs.
+    FleetIndexError says what is missing: DuckDB, the directory, or the index in it."""
     try:
         import duckdb
     except ImportError as exc:
         raise FleetIndexError(
             f"querying the index needs DuckDB ({exc}); install the fleet extra: pip install 'tuneup[fleet]'"
         ) from None
-
+    root = Path(index_dir)
+    if not root.exists():
+        raise FleetIndexError(
+            f"{root} does not exist; build an index first: tuneup index RUN_DIR... --index {root}"
+        )
+    if not (root / RUNS_FILE).is_file():
+        raise FleetIndexError(
+            f"{root} is not a fleet index (no {RUNS_FILE} in it); pass the directory tuneup index wrote"
+        )
+    runs, steps = read_index(root)
     con = duckdb.connect()
-    for view, name in (("runs", RUNS_FILE), ("steps", STEPS_FILE)):
-        path = Path(index_dir) / name
-        if not path.exists():
-            raise FleetIndexError(
-                f"{path} does not exist; run `tuneup index RUN_DIR... --index {index_dir}` first"
-            )
-        quoted = str(path).replace("'", "''")
-        con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet('{quoted}')")
-    return con.sql(sql)
+    con.execute("SET TimeZone = 'UTC'")
+    con.register("runs", runs)
+    con.register("steps", steps)
+    return con
+
+
+def query(index_dir: str | os.PathLike[str], sql: str) -> Any:
+    """A DuckDB relation for `sql` over the index, with `runs` and `steps` as `connect` gives them
+    (`query(d, "SELECT instance, sum(exposed_communication_usd) FROM runs GROUP BY 1").fetchall()`)."""
+    return connect(index_dir).sql(sql)
 
 
 # -- one run ------------------------------------------------------------------------------------------
