@@ -191,6 +191,20 @@ def test_regressions_use_the_compare_rule_on_windows(index: Path) -> None:
     assert "autocorrelated" in r.samples
 
 
+def test_unpriced_runs_pair_only_with_runs_on_the_same_gpu(tmp_path: Path) -> None:
+    # No instance recorded: the GPU stands for it, so an A100 run is not "the run before" an L4 run (the
+    # L4's slower windows would read as a regression).
+    runs = [
+        _run("r/a100", _at(1), None, tags={"project": "p"}, instance=None, gpu="A100"),
+        _run("r/l4", _at(2), None, tags={"project": "p"}, instance=None, gpu="L4"),
+        _run("r/l4-again", _at(3), None, tags={"project": "p"}, instance=None, gpu="L4"),
+    ]
+    steps = _windows("r/a100", STEADY) + _windows("r/l4", SLOWER) + _windows("r/l4-again", SLOWER)
+    r = build_fleet_view(write_index(tmp_path / "index", runs, steps)).regressions
+    assert r.pairs_judged == 1 and r.verdicts["REGRESSION"] == 0
+    assert (r.pairs[0].baseline_run_id, r.pairs[0].candidate_run_id) == ("l4", "l4-again")
+
+
 def test_cli_filters_narrow_the_runs(index: Path) -> None:
     view = build_fleet_view(index, tags={"project": "alpha"}, since="2026-11-02", until="2026-11-03")
     assert view.whole.totals.runs == 1 and view.whole.totals.usd == pytest.approx(

@@ -697,7 +697,8 @@ def _regressions(con: Any, group_by: str, period_unit: str, rule: Rule) -> Regre
         "SELECT run_key, run_id, group_value, instance, gpu, world_size, precision, global_batch_size, p, "
         "epoch(start) AS start_unix, lag(run_key) OVER w AS prev_key, lag(run_id) OVER w AS prev_id "
         "FROM sel WHERE group_value IS NOT NULL AND start IS NOT NULL "
-        "WINDOW w AS (PARTITION BY group_value, instance, world_size, precision, global_batch_size "
+        "WINDOW w AS (PARTITION BY group_value, coalesce(instance, gpu, 'unknown'), world_size, precision, "
+        "global_batch_size "
         "ORDER BY start, run_key) "
         "ORDER BY start, run_key",
     )
