@@ -16,18 +16,8 @@ from tuneup import TuneupCallback, load_run
 from tuneup.record.segments import elastic_identity, load_segments, next_segment_index
 
 from conftest import WORKLOAD
+from workloads.badput import CrashAt
 from workloads.tiny import make_loader, make_module
-
-
-class CrashAt(L.Callback):
-    """Raises in the middle of training, as a node failure would end the process."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-        if trainer.global_step >= self.step:
-            raise RuntimeError("node lost")
 
 
 def fit(root: Path, callbacks: list[Any], max_steps: int, ckpt_path: str | None = None) -> None:

@@ -33,7 +33,7 @@ from tuneup.fleet.dashboard import (
 from tuneup.report import format as fmt
 from tuneup.report.artifacts import PlotFile
 from tuneup.report.blocks import FOLD_ROWS, Block, Figure, Metric, Metrics, Paragraph, Section, Table
-from tuneup.report.html import PAGE_CSP, PAGE_CSS, Html, block_html, el, figure_html, join, void
+from tuneup.report.html import Html, block_html, el, figure_html, join, page_head, void
 from tuneup.report.sections.badput import label as category_label
 
 FORMATS = ("html", "md", "json", "text")
@@ -736,15 +736,7 @@ def render_html(view: FleetView, plot_dir: Path, plots: Sequence[PlotFile] | Non
         class_="toc",
         aria_label="Sections",
     )
-    head = el(
-        "head",
-        void("meta", charset="utf-8"),
-        void("meta", http_equiv="Content-Security-Policy", content=PAGE_CSP),
-        void("meta", name="viewport", content="width=device-width, initial-scale=1"),
-        void("meta", name="color-scheme", content="light"),
-        el("title", title),
-        el("style", Html(PAGE_CSS + _FLEET_CSS + _filter_css(len(view.groups), len(view.periods)))),
-    )
+    head = page_head(title, _FLEET_CSS + _filter_css(len(view.groups), len(view.periods)))
     body = el(
         "body",
         join(inputs, ""),

@@ -328,6 +328,20 @@ def render_html(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> str:
     )
 
 
+def page_head(title: str, extra_css: str = "") -> Html:
+    """Every page's head: the policy that forbids script and fetches, the report's styles (and a page's
+    own after them), the title."""
+    return el(
+        "head",
+        void("meta", charset="utf-8"),
+        void("meta", http_equiv="Content-Security-Policy", content=PAGE_CSP),
+        void("meta", name="viewport", content="width=device-width, initial-scale=1"),
+        void("meta", name="color-scheme", content="light"),
+        el("title", title),
+        el("style", Html(PAGE_CSS + extra_css)),
+    )
+
+
 def render_sections_html(title: str, subtitle: str, sections: Sequence[Section], footer: str = "") -> str:
     """Any sections as one offline HTML5 page with the report's shell: styles, the policy that forbids
     script and fetches, a table of contents, and every string escaped (`tuneup tune`'s report uses it).
@@ -338,15 +352,7 @@ def render_sections_html(title: str, subtitle: str, sections: Sequence[Section],
         class_="toc",
         aria_label="Sections",
     )
-    head = el(
-        "head",
-        void("meta", charset="utf-8"),
-        void("meta", http_equiv="Content-Security-Policy", content=PAGE_CSP),
-        void("meta", name="viewport", content="width=device-width, initial-scale=1"),
-        void("meta", name="color-scheme", content="light"),
-        el("title", title),
-        el("style", Html(PAGE_CSS)),
-    )
+    head = page_head(title)
     body = el(
         "body",
         el(
