@@ -234,7 +234,7 @@ def phases(out: Path, steps: int) -> dict[str, Any]:
     return results
 
 
-@check("job timeline on the device")
+@check("job timeline and badput ledger on the device")
 def timeline(out: Path) -> dict[str, Any]:
     import lightning.pytorch as L
     import torch
@@ -270,15 +270,25 @@ def timeline(out: Path) -> dict[str, Any]:
     started = time.perf_counter()
     trainer.fit(Module(), data, DataLoader(TensorDataset(torch.randn(256, 64)), batch_size=32))
     fit_s = time.perf_counter() - started
-    tl = analyze(run_dir).timeline
-    assert tl is not None
+    analysis = analyze(run_dir)
+    tl, ledger = analysis.timeline, analysis.badput
+    assert tl is not None and ledger is not None
     parts = {p.name: (round(p.seconds, 3), p.count) for p in tl.parts}
     print(
         f"fit around trainer.fit {fit_s:.3f} s; timeline {tl.fit_wall_s:.3f} s ({tl.fit_wall_s / fit_s - 1:+.1%})"
     )
     for name, (seconds, count) in parts.items():
         print(f"  {name:<18} {seconds:>8.3f} s  {count if count is not None else ''}")
-    return {"fit_s": fit_s, "timeline_s": tl.fit_wall_s, "parts": parts}
+    # The badput ledger (issue 29) on CUDA-event step times: it must add up to the fit's wall time, and the
+    # injected validation (3 batches x 20 ms, 3 times) and saves (50 ms each) come back in their categories.
+    categories = {c.name: round(c.seconds, 3) for c in ledger.categories}
+    added = sum(c.seconds for c in ledger.categories)
+    print(
+        f"badput ledger: {ledger.wall_s:.3f} s, categories add up to {added:.3f} s ({added / ledger.wall_s - 1:+.2%})"
+    )
+    for name, seconds in categories.items():
+        print(f"  {name:<22} {seconds:>8.3f} s")
+    return {"fit_s": fit_s, "timeline_s": tl.fit_wall_s, "parts": parts, "ledger": categories}
 
 
 @check("operator drill-down on the device")

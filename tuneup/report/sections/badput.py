@@ -120,7 +120,7 @@ def blocks(analysis: RunAnalysis, plots: Sequence[PlotFile]) -> list[Block]:
     )
     absent = [label(c.name).lower() for c in b.categories if c not in shown(b)]
     if absent:
-        out.append(Paragraph(f"None, or under {MIN_SHARE:.2%} of the run: {', '.join(absent)}.", True))
+        out.append(Paragraph(f"Not in this run, or under {MIN_SHARE:.2%} of it: {', '.join(absent)}.", True))
     calls = [
         f"{label(c.name).lower()}: {text(c.judgement)}" for c in shown(b) if c.judgement and not c.useful
     ]
