@@ -7,6 +7,18 @@ runs are many or quiet, and the threshold alone flags noise when runs are few. T
 change a ratio (10% slower is the same evidence at 100 or 10,000 samples/s) and suits positive,
 right-skewed figures such as step times.
 
+NO CHANGE is a claim too, and is made only where the data support it: a change within min_effect, or one
+within the threshold that the test cannot tell from noise and that is no larger than max_no_change (15%).
+A change the test finds real but within the noise threshold, or a change above max_no_change that the
+rule cannot claim, is INCONCLUSIVE: a 20% slowdown is never "no change" (3 runs a side at +22.9%,
+p = 0.047, against a 25.5% threshold was called NO CHANGE). Only REGRESSION's condition flags a run,
+and it is unchanged, so the false-alarm rate is too.
+
+A deterministic metric (peak memory: the allocator's peak repeats from run to run) needs no noise
+threshold: where each side's runs agree within `deterministic_tolerance`, equal within it is NO CHANGE
+and beyond it a REGRESSION or IMPROVEMENT, even from one run a side. Where a side's runs spread wider
+than that, the figure is not deterministic on this machine and the statistical rule decides.
+
 What it can and cannot see, measured by `simulate_flag_rate` (benchmarks/compare_power.py): with 5 runs
 a side, identical sides (A/A) are flagged at most 5% of the time; a true 10% slowdown is caught nearly
 always when the baseline's CV is 3% or less, but only about half the time at CV 5%, because the threshold
@@ -53,6 +65,10 @@ class Rule:
     confidence: the interval shown for the ratio: two-sided at this level, from the test's own t on log
         values (at 1 - 2 x alpha, 0.90, it leaves out "no change" exactly when the test in that direction
         gives p < alpha).
+    max_no_change: the largest change ever called NO CHANGE; a larger one the rule cannot claim is
+        INCONCLUSIVE (a noisy runner's threshold of 2 x CV can exceed 20%).
+    deterministic_tolerance: for a deterministic metric (`decide(deterministic=True)`), the change within
+        which the sides are equal; beyond it a REGRESSION or IMPROVEMENT without a test.
     resamples, seed: resamples = 0 leaves the interval out. (They set a bootstrap interval of the ratio of
         medians, a second figure for the same comparison beside the test's; the interval is now the test's,
         and `bootstrap_ratio_of_medians` is kept for callers of its own.)
@@ -64,6 +80,8 @@ class Rule:
     resamples: int = 2000
     confidence: float = 0.90
     seed: int = 0
+    max_no_change: float = 0.15
+    deterministic_tolerance: float = 0.02
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -75,6 +93,14 @@ class Rule:
         if not 0.0 <= self.min_effect < 1.0:
             raise ValueError(
                 f"Rule.min_effect must be a fraction in [0, 1) (0.05 = 5%), got {self.min_effect}"
+            )
+        if not self.min_effect <= self.max_no_change < 1.0:
+            raise ValueError(
+                f"Rule.max_no_change must be a fraction in [min_effect, 1), got {self.max_no_change}"
+            )
+        if not 0.0 <= self.deterministic_tolerance < 1.0:
+            raise ValueError(
+                f"Rule.deterministic_tolerance must be a fraction in [0, 1), got {self.deterministic_tolerance}"
             )
         if self.cv_multiplier < 0.0:
             raise ValueError(f"Rule.cv_multiplier must be >= 0, got {self.cv_multiplier}")
@@ -104,10 +130,11 @@ class MetricComparison:
 
     One comparison, one figure: `ratio` is gm(candidate) / gm(baseline), the ratio of the geometric means
     that the test on log values tests, with that test's interval, and `change` the same ratio as a signed
-    fraction, positive = worse (1 - ratio where higher is better, ratio - 1 where lower is better). The
-    table and the verdict's sentence both say it (the ratio of medians beside the geometric means' change
-    gave two figures for one comparison: 'ratio 2.398' and '141.1% higher'). The medians are kept for
-    reading. Means, medians, ratio and change are None only when a side has no runs; the interval and the
+    fraction, positive = worse (1 - ratio where higher is better, ratio - 1 where lower is better), whose
+    size is what the threshold is compared with. The table, the verdict's sentence, the Markdown and the
+    JUnit XML all state it as `effect_text`, the candidate's change in percent (a table's 'ratio 1.213'
+    beside a '21.1%' threshold and a sentence's '16.4% higher' were two figures for one comparison). The
+    medians are kept for reading. Means, medians, ratio and change are None only when a side has no runs; the interval and the
     p-values when a side has fewer than 2 (or, for the interval, resamples = 0).
     """
 
@@ -130,6 +157,12 @@ class MetricComparison:
     reason: str
     baseline_mean: float | None = None  # geometric mean of the runs' figures
     candidate_mean: float | None = None
+    deterministic: bool = False  # decided by the deterministic metric's tolerance, without a test
+
+    @property
+    def effect_text(self) -> str:
+        """The one effect figure, signed as the values moved: '+21.3%' (the candidate's is higher)."""
+        return "-" if self.ratio is None else effect_percent(self.ratio)
 
     def as_dict(self) -> dict[str, Any]:
         """For JSON: the verdict as its text, tuples as lists, and a figure that overflowed (only possible
@@ -177,11 +210,17 @@ def _p_text(p: float, alpha: float) -> str:
     return f"p = {text}"
 
 
+def effect_percent(ratio: float) -> str:
+    """The candidate's change as the table states it: '+21.3%', '-4.0%'. The sentence states the same
+    digits (`_change_text`), and the threshold is compared with the same ratio's distance from 1."""
+    return f"{ratio - 1.0:+.1%}"
+
+
 def _change_text(metric: str, geometric_ratio: float) -> str:
     if geometric_ratio == 1.0:
         return f"{metric} unchanged"
     word = "higher" if geometric_ratio > 1.0 else "lower"
-    return f"{metric} {abs(geometric_ratio - 1.0):.1%} {word}"
+    return f"{metric} {effect_percent(geometric_ratio)[1:]} {word}"
 
 
 def _threshold_text(rule: Rule, baseline_cv: float | None, threshold: float) -> str:
@@ -208,15 +247,25 @@ def _signed_change(geometric_ratio: float, higher_is_better: bool) -> float:
     return 1.0 - geometric_ratio if higher_is_better else geometric_ratio - 1.0
 
 
-def _verdict(change: float, p_worse: float, p_better: float, threshold: float, alpha: float) -> Verdict:
+def _verdict(change: float, p_worse: float, p_better: float, threshold: float, rule: Rule) -> Verdict:
     """The rule itself, shared by `decide` and `simulate_flag_rate` so that the simulation measures it."""
-    if p_worse < alpha and change > threshold:
+    if p_worse < rule.alpha and change > threshold:
         return Verdict.REGRESSION
-    if p_better < alpha and -change > threshold:
+    if p_better < rule.alpha and -change > threshold:
         return Verdict.IMPROVEMENT
-    if abs(change) > threshold:
+    size = abs(change)
+    if size <= rule.min_effect:
+        return Verdict.NO_CHANGE  # too small to act on, whatever the test says
+    if (p_worse if change > 0 else p_better) < rule.alpha:
+        return Verdict.INCONCLUSIVE  # real, but within the run-to-run noise: neither claimed nor denied
+    if size > threshold or size > rule.max_no_change:
         return Verdict.INCONCLUSIVE
     return Verdict.NO_CHANGE
+
+
+def _spread(values: Sequence[float]) -> float:
+    """How far a side's runs are apart, as a fraction of the smallest: 0 for one run."""
+    return max(values) / min(values) - 1.0
 
 
 def _checked(metric: str, side: str, values: Sequence[float]) -> tuple[float, ...]:
@@ -243,13 +292,17 @@ def decide(
     higher_is_better: bool,
     unit: str = "",
     rule: Rule = Rule(),  # frozen: one shared default is safe
+    deterministic: bool = False,
 ) -> MetricComparison:
     """The verdict on one metric, one figure per run on each side (ValueError for a value <= 0 or not finite).
 
     REGRESSION: p_worse < alpha and change > threshold. IMPROVEMENT: p_better < alpha and -change >
-    threshold. INCONCLUSIVE: fewer than 2 runs on a side, or a change beyond the threshold that the test
-    cannot tell from noise. NO CHANGE: everything else, including a significant change within the
-    threshold (real, but too small to act on).
+    threshold. NO CHANGE: a change within min_effect, or one within the threshold that is not significant
+    and at most max_no_change. INCONCLUSIVE: everything else: fewer than 2 runs on a side, a change beyond
+    the threshold that the test cannot tell from noise, a real change within the noise threshold, a change
+    above max_no_change that is not claimed. `deterministic` (peak memory): where each side's runs agree
+    within rule.deterministic_tolerance, the change decides against that tolerance alone, from one run a
+    side too.
     """
     base = _checked(metric, "baseline", baseline)
     cand = _checked(metric, "candidate", candidate)
@@ -264,6 +317,13 @@ def decide(
     change = None if geometric_ratio is None else _signed_change(geometric_ratio, higher_is_better)
     baseline_cv = coefficient_of_variation(base) if len(base) >= MIN_RUNS_FOR_TEST else None
     threshold = rule.threshold(baseline_cv or 0.0)
+    exact = (
+        deterministic
+        and bool(base and cand)
+        and max(_spread(base), _spread(cand)) <= rule.deterministic_tolerance
+    )
+    if exact:
+        threshold = rule.deterministic_tolerance
 
     def result(
         verdict: Verdict,
@@ -292,7 +352,19 @@ def decide(
             reason=reason,
             baseline_mean=baseline_mean,
             candidate_mean=candidate_mean,
+            deterministic=exact,
         )
+
+    if exact:
+        assert geometric_ratio is not None and change is not None  # both sides have runs here
+        runs = _counts(len(base), len(cand))
+        tolerance = f"the {threshold:.1%} tolerance of a figure that repeats from run to run"
+        if abs(change) <= threshold:
+            return result(
+                Verdict.NO_CHANGE, f"{_change_text(metric, geometric_ratio)}: within {tolerance} ({runs})"
+            )
+        verdict = Verdict.REGRESSION if change > 0 else Verdict.IMPROVEMENT
+        return result(verdict, f"{_change_text(metric, geometric_ratio)}: beyond {tolerance} ({runs})")
 
     if len(base) < MIN_RUNS_FOR_TEST or len(cand) < MIN_RUNS_FOR_TEST:
         seen = "" if geometric_ratio is None else f"{_change_text(metric, geometric_ratio)} on "
@@ -309,7 +381,7 @@ def decide(
     gain = geometric_gain(base, cand, rule.confidence) if rule.resamples > 0 else None
     if gain is not None and gain[1] is not None and gain[2] is not None:
         ci = (1.0 + gain[1], 1.0 + gain[2])
-    verdict = _verdict(change, p_worse, p_better, threshold, rule.alpha)
+    verdict = _verdict(change, p_worse, p_better, threshold, rule)
     alpha = f"{rule.alpha:g}"
     seen = _change_text(metric, geometric_ratio)
     beyond = _threshold_text(rule, baseline_cv, threshold)
@@ -323,13 +395,26 @@ def decide(
         evidence = p_text if p_text.startswith("p <") else f"{p_text} {'<' if significant else '>='} {alpha}"
     if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         reason = f"{seen} ({evidence}), beyond {beyond}"
-    elif verdict is Verdict.INCONCLUSIVE:
+    elif verdict is Verdict.NO_CHANGE and significant:
+        reason = f"{seen} ({evidence}): a real change, but within the {rule.min_effect:.1%} minimum effect"
+    elif verdict is Verdict.NO_CHANGE:
+        reason = f"{seen} ({_p_text(p_direction, rule.alpha)}), within {beyond}"
+    elif significant:
+        # Real, beyond min_effect, but no larger than single runs vary: calling it NO CHANGE hid a 23%
+        # slowdown; calling it a REGRESSION would flag the noise of a noisy runner.
+        reason = (
+            f"{seen} ({evidence}): a real change, but within {beyond}, the runs' own noise: "
+            "neither a regression nor no change; quieter runs (longer, or on a quieter machine) would decide"
+        )
+    elif abs(change) > threshold:
         runs = _counts(len(base), len(cand))
         reason = f"{seen}, beyond {beyond}, but not significant ({evidence} with {runs}): run more repeats"
-    elif significant:
-        reason = f"{seen} ({evidence}): a real change, but within {beyond}"
     else:
-        reason = f"{seen} ({_p_text(p_direction, rule.alpha)}), within {beyond}"
+        runs = _counts(len(base), len(cand))
+        reason = (
+            f"{seen} ({evidence} with {runs}), within {beyond}, but more than the "
+            f"{rule.max_no_change:.0%} ever called no change: run more repeats"
+        )
     return result(verdict, reason, p_worse, p_better, ci)
 
 
@@ -368,5 +453,5 @@ def simulate_flag_rate(
         threshold = rule.threshold(coefficient_of_variation([math.exp(v) for v in log_base]))
         p_worse, p_better = _log_test(log_base, log_cand, higher_is_better=True)
         change = _signed_change(_geometric_ratio(log_base, log_cand), higher_is_better=True)
-        flagged += _verdict(change, p_worse, p_better, threshold, rule.alpha) is Verdict.REGRESSION
+        flagged += _verdict(change, p_worse, p_better, threshold, rule) is Verdict.REGRESSION
     return flagged / trials
