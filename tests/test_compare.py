@@ -18,10 +18,17 @@ WORKLOADS = Path(__file__).parent / "workloads"
 
 
 def synthetic_run(
-    path: Path, step_ms: float, *, steps: int = 30, world: int = 1, model: str = "Net", batch: int = 8
+    path: Path,
+    step_ms: float,
+    *,
+    steps: int = 30,
+    world: int = 1,
+    model: str = "Net",
+    batch: int = 8,
+    rss_bytes: float = 100e6,
 ) -> Path:
     """A run whose steady steps all take `step_ms` (its first step is a slow warm-up), `batch` samples per
-    rank."""
+    rank, and whose process peaks at `rss_bytes`."""
     write_manifest(
         path,
         {
@@ -63,7 +70,7 @@ def synthetic_run(
                     **phases,
                 }
             )
-        w.add_telemetry({"t": 1001.0, "process": {"rss_bytes": 100e6}})
+        w.add_telemetry({"t": 1001.0, "process": {"rss_bytes": rss_bytes}})
         w.close(status="completed")
     return path
 
@@ -134,6 +141,23 @@ def test_one_run_a_side_is_inconclusive_with_the_reason(tmp_path: Path) -> None:
     assert cli("compare", str(a), str(b), "--metrics", "throughput", "--inconclusive", "fail").returncode == 1
 
 
+def test_peak_memory_is_decided_from_one_run_a_side(tmp_path: Path) -> None:
+    """One run a side gave INCONCLUSIVE on every metric, peak memory at a ratio of 1.000 included. Peak
+    memory repeats from run to run: equal is NO CHANGE, 10% more a REGRESSION, from one run a side; the
+    timing figures still need repeats."""
+    a = synthetic_run(tmp_path / "a", 10.0)
+    same = synthetic_run(tmp_path / "same", 10.5)
+    result = compare(load_side(a), load_side(same), metrics=["step_time", "peak_memory"])
+    verdicts = {r.metric: r.verdict.value for r in result.results}
+    assert verdicts == {"step time": "INCONCLUSIVE", "peak memory": "NO CHANGE"}
+    assert result.results[1].effect_text == "+0.0%" and result.results[1].threshold == 0.02
+    grown = synthetic_run(tmp_path / "grown", 10.0, rss_bytes=110e6)
+    result = compare(load_side(a), load_side(grown), metrics=["peak_memory"])
+    (memory,) = result.results
+    assert memory.verdict.value == "REGRESSION" and memory.effect_text == "+10.0%"
+    assert result.exit_code() == 1
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -191,7 +215,8 @@ def test_runs_that_differ_in_the_setting_under_test_compare_as_printed(tmp_path:
 
 def test_the_table_and_the_verdict_give_one_figure_for_one_comparison(tmp_path: Path) -> None:
     """`tuneup compare` printed 'ratio 2.398' (medians) and '141.1% higher' (geometric means) for one
-    comparison. The ratio in the table is the change the verdict states, and its interval that test's."""
+    comparison, and later a 'ratio 1.213' beside a '21.1%' threshold. The table's change column is the
+    change the verdict states, in the threshold's terms (percent), and its interval that test's."""
     a = synthetic_set(tmp_path / "a", [10.0, 10.1, 13.0])
     b = synthetic_set(tmp_path / "b", [8.0, 9.5, 9.6])
     result = compare(load_side(a), load_side(b), metrics=["throughput"])
@@ -205,7 +230,9 @@ def test_the_table_and_the_verdict_give_one_figure_for_one_comparison(tmp_path: 
     medians = r.candidate_median / r.baseline_median  # type: ignore[operator]
     assert abs(medians - r.ratio) > 0.01  # the case where the two estimators part
     table = format_table(result)
-    assert f"{r.ratio:.3f}" in table and f"{medians:.3f}" not in table
+    row = next(line for line in table.splitlines() if line.strip().startswith("throughput "))
+    assert f"+{stated.group(1)}%" in row.split() and r.effect_text == f"+{stated.group(1)}%"
+    assert f"{medians:.3f}" not in table and f"{medians - 1:+.1%}" not in table
 
 
 def test_baseline_save_update_and_compare_against_the_file(tmp_path: Path) -> None:

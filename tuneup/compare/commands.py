@@ -4,6 +4,9 @@ Exit codes: 0 no regression, 1 regression (or, with `--inconclusive fail`, an in
 `--target`, slower to the target by tuneup.compare.to_target's rule),
 2 bad input (a missing or damaged side, a run compared with itself, different hardware, a workload that
 fails). The CLI's UsageError is raised for code 2, so that every command reports input errors alike.
+With `--detailed-exit-codes`: 0 no change, 1 regression, 2 bad input, 3 inconclusive, 4 improvement
+(tuneup.compare.compare.Comparison.exit_code); not the default, since a CI job written for 0/1/2 would
+fail on an improvement.
 """
 
 from __future__ import annotations
@@ -59,6 +62,18 @@ def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--markdown", metavar="PATH", help="also write the result as Markdown (PR comment)")
     group.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    group.add_argument(
+        "--junit",
+        metavar="PATH",
+        help="also write the result as JUnit XML, a test case per metric (a regression fails it, an "
+        "inconclusive metric skips it), for CI dashboards",
+    )
+    group.add_argument(
+        "--detailed-exit-codes",
+        action="store_true",
+        help="exit 0 no change, 1 regression, 2 bad input, 3 inconclusive, 4 improvement (default: 0 for "
+        "anything but a regression; --inconclusive is then not needed)",
+    )
     group.add_argument(
         "--github-summary",
         action="store_true",
@@ -162,12 +177,18 @@ def _compare_and_report(baseline: Side, candidate: Side, args: argparse.Namespac
             f.write(markdown)
     if args.json:
         Path(args.json).write_text(json.dumps(result.as_dict(), indent=1) + "\n", encoding="utf-8")
+    if args.junit:
+        from tuneup.compare.junit import write_junit
+
+        write_junit(result, args.junit)
     inconclusive = result.count(Verdict.INCONCLUSIVE)
-    if inconclusive and args.inconclusive == "pass":
+    if inconclusive and args.inconclusive == "pass" and not args.detailed_exit_codes:
         print(
-            f"warning: {inconclusive} metric(s) INCONCLUSIVE: more runs a side would decide", file=sys.stderr
+            f"warning: {inconclusive} metric(s) INCONCLUSIVE (exit 0; their lines above say why and what "
+            "would decide)",
+            file=sys.stderr,
         )
-    return result.exit_code(inconclusive_fails=args.inconclusive == "fail")
+    return result.exit_code(inconclusive_fails=args.inconclusive == "fail", detailed=args.detailed_exit_codes)
 
 
 def _target(args: argparse.Namespace) -> Any:

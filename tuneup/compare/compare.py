@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide
+from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide, effect_percent
 from tuneup.compare.runs import METRICS, CompareInputError, Side, mismatches
 from tuneup.compare.to_target import (
     TargetComparison,
@@ -18,8 +18,13 @@ from tuneup.compare.to_target import (
 from tuneup.report.format import aligned_table, ms, size_bytes, usd, with_unit
 from tuneup.report.markdown import markdown_text
 
+# Exit codes. The default keeps 0 for every outcome but a regression, as CI jobs written against it
+# expect (an improvement must not fail a job); `detailed=True` (`--detailed-exit-codes`) tells them apart.
+# 2 is bad input (the CLI's usage error) in both.
 EXIT_OK = 0
 EXIT_REGRESSION = 1
+EXIT_INCONCLUSIVE = 3
+EXIT_IMPROVEMENT = 4
 
 # The settings a tuning change sets (what `tuneup advise` recommends and `tuneup tune` tries). Runs that
 # differ only in these are the comparison the advice asks for ("compare the runs with `tuneup compare`"),
@@ -62,10 +67,17 @@ class Comparison:
             self.to_target is not None and self.to_target.regression
         )
 
-    def exit_code(self, *, inconclusive_fails: bool = False) -> int:
+    def exit_code(self, *, inconclusive_fails: bool = False, detailed: bool = False) -> int:
+        """0 no regression, 1 regression (or an INCONCLUSIVE metric with `inconclusive_fails`). `detailed`:
+        1 regression, 3 inconclusive, 4 improvement, 0 no change, the first that applies in that order."""
         if self.regression:
             return EXIT_REGRESSION
-        if inconclusive_fails and self.count(Verdict.INCONCLUSIVE):
+        inconclusive = bool(self.count(Verdict.INCONCLUSIVE))
+        if detailed:
+            if inconclusive:
+                return EXIT_INCONCLUSIVE
+            return EXIT_IMPROVEMENT if self.count(Verdict.IMPROVEMENT) else EXIT_OK
+        if inconclusive_fails and inconclusive:
             return EXIT_REGRESSION
         return EXIT_OK
 
@@ -164,6 +176,7 @@ def compare(
                 higher_is_better=metric.higher_is_better,
                 unit=unit,
                 rule=rule,
+                deterministic=metric.deterministic,
             )
         )
     return Comparison(
@@ -225,7 +238,10 @@ def format_value(v: float | None, unit: str) -> str:
 
 
 def _interval(r: MetricComparison) -> str:
-    return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]" if r.ci_low is not None and r.ci_high is not None else "-"
+    """The effect's interval, in the effect's own terms (percent change of the candidate)."""
+    if r.ci_low is None or r.ci_high is None:
+        return "-"
+    return f"[{effect_percent(r.ci_low)}, {effect_percent(r.ci_high)}]"
 
 
 def _p(p: float | None) -> str:
@@ -239,7 +255,7 @@ def _rows(c: Comparison) -> list[list[str]]:
             r.verdict.value,
             format_value(r.baseline_mean, r.unit),
             format_value(r.candidate_mean, r.unit),
-            f"{r.ratio:.3f}",
+            r.effect_text,
             _interval(r),
             _p(r.p_worse),
             f"{r.threshold:.1%}",
@@ -248,13 +264,14 @@ def _rows(c: Comparison) -> list[list[str]]:
     ]
 
 
-HEADER = ["metric", "verdict", "baseline", "candidate", "ratio", "CI", "p (worse)", "threshold"]
+HEADER = ["metric", "verdict", "baseline", "candidate", "change", "CI", "p (worse)", "threshold"]
 
 
 def _ratio_note(rule: Rule) -> str:
     return (
-        "baseline and candidate: geometric means of the runs' figures; ratio = candidate / baseline, the "
-        f"change the test tests, with its {rule.confidence:.0%} interval (CI)"
+        "baseline and candidate: geometric means of the runs' figures; change = candidate / baseline - 1, "
+        f"the change the test tests and the threshold is compared with, with its {rule.confidence:.0%} "
+        "interval (CI)"
     )
 
 
@@ -305,6 +322,9 @@ def format_markdown(c: Comparison) -> str:
         if slower
         else "**tuneup compare: no regression**"
     )
+    inconclusive = c.count(Verdict.INCONCLUSIVE)
+    if inconclusive:
+        head += f" ({inconclusive} inconclusive)"
     lines = [head, "", markdown_text(_sides(c)), ""]
     lines.append("| " + " | ".join(HEADER) + " |")
     lines.append("| --- | --- | " + " | ".join("---:" for _ in HEADER[2:]) + " |")
@@ -314,7 +334,12 @@ def format_markdown(c: Comparison) -> str:
             "| " + " | ".join(markdown_text(cell) if i != 1 else cell for i, cell in enumerate(row)) + " |"
         )
     lines.append("")
-    lines.extend(f"- {markdown_text(r.metric)}: {markdown_text(r.reason)}" for r in c.results)
+    # Each metric's verdict and its one effect figure (the table's change column), then why.
+    lines.extend(
+        f"- {markdown_text(r.metric)}: **{r.verdict.value}**, {markdown_text(r.effect_text)}: "
+        f"{markdown_text(r.reason)}"
+        for r in c.results
+    )
     lines.extend(f"- {markdown_text(m)}: not compared, {markdown_text(why)}" for m, why in c.skipped.items())
     if c.changed:
         lines.append("- the change compared: " + markdown_text("; ".join(c.changed)))
