@@ -91,7 +91,7 @@ def test_two_steps_found_at_their_commits_and_the_drift_reported(seed: int) -> N
         assert step.commit == commits[step.index]
         assert step.ratio_low <= step.ratio <= step.ratio_high
         assert 0.92 < step.ratio < 0.98 and step.ratio_high < 1.0, step
-        assert step.p_value < 1e-4
+        assert step.p_value < 0.01
     assert not [c for c in changes.change_points if c.ratio > 1.0], "no improvement was injected"
     drifts = [d for d in changes.drifts if d.end_index == RECORDS - 1]
     assert len(drifts) == 1, changes.drifts

@@ -123,6 +123,13 @@ def analyse(records: list[Any], metric: str, min_effect: float) -> MetricFinding
 def cmd_regressions(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     from tuneup.compare import history
 
+    try:
+        import ruptures  # noqa: F401
+        import scipy  # noqa: F401
+    except ImportError as exc:
+        raise usage_error(
+            f"tuneup regressions needs the ci extra ({exc.name} is missing): pip install 'tuneup[ci]'"
+        ) from None
     if not (args.min_effect >= 0.0 and math.isfinite(args.min_effect)):
         raise usage_error(f"--min-effect is a share of at least 0 (0.02 = 2%), got {args.min_effect}")
     with warnings.catch_warnings(record=True) as caught:
