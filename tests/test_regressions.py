@@ -216,6 +216,23 @@ def test_an_aa_history_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert code == 0 and "no change point, no drift" in out, out
 
 
+def test_command_reads_a_url_history_and_warns_of_a_damaged_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"memory://tuneup-test/{uuid.uuid4().hex}/history"
+    for record in synthetic_history(0):
+        history.append(url, record)
+    code, out, _ = run_command([url, "--metric", "samples_per_s"], capsys)
+    assert code == 1 and out.count("REGRESSION from commit") == 2, out
+
+    path = _write(tmp_path / "h.jsonl", synthetic_history(11, steps_at=(), drift_from=None))
+    with path.open("a") as f:
+        f.write("{truncated\n")
+    code, out, err = run_command([str(path)], capsys)
+    assert code == 0 and "no regression" in out
+    assert f"warning: {path}:{RECORDS + 1}: skipped a damaged history record" in err, err
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [

@@ -26,7 +26,6 @@ import math
 import os
 import secrets
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ class HistoryRecord:
 
     commit: str
     timestamp_unix: float
-    metrics: Mapping[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
     branch: str | None = None
     run_url: str | None = None
     verdict: str | None = None
@@ -72,7 +71,7 @@ class HistoryRecord:
         return document
 
 
-def from_json(document: Any) -> HistoryRecord:
+def record_from_json(document: Any) -> HistoryRecord:
     """The record in a parsed JSON document; ValueError saying what is wrong with it."""
     if not isinstance(document, dict):
         raise ValueError(f"a record is a JSON object, got {type(document).__name__}")
@@ -104,7 +103,7 @@ def from_json(document: Any) -> HistoryRecord:
 def _checked(record: HistoryRecord) -> str:
     """The record as one JSON line; ValueError for one that `read` would skip."""
     text = json.dumps(record.to_json(), separators=(",", ":"), allow_nan=False)
-    from_json(json.loads(text))
+    record_from_json(json.loads(text))
     return text
 
 
@@ -138,7 +137,7 @@ def append(location: str | os.PathLike[str], record: HistoryRecord) -> None:
 
 def _parse(text: str, where: str) -> HistoryRecord | None:
     try:
-        return from_json(json.loads(text))
+        return record_from_json(json.loads(text))
     except ValueError as exc:  # json's errors are ValueErrors too
         warnings.warn(f"{where}: skipped a damaged history record: {exc}", HistoryWarning, stacklevel=3)
         return None

@@ -139,7 +139,8 @@ def cmd_regressions(args: argparse.Namespace, usage_error: type[Exception]) -> i
         except (history.HistoryError, ValueError) as exc:
             raise usage_error(str(exc)) from None
     for warning in caught:
-        print(f"tuneup regressions: warning: {warning.message}", file=sys.stderr)
+        if issubclass(warning.category, history.HistoryWarning):
+            print(f"tuneup regressions: warning: {warning.message}", file=sys.stderr)
     if not records:
         raise usage_error(f"{args.history} holds no readable record; append some with --history first")
     known = sorted({m for r in records for m in r.metrics})
