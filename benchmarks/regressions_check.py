@@ -13,6 +13,8 @@ Gaussian noise of a given CV, a 5% slowdown at records 60 and 120, and 0.1% slow
   less and the interval may miss it);
 - A/A: the same noise, no step and no drift: a history with any change point or drift is a false alarm.
 
+Rows with slow jobs add, to that share of the records, a slowdown of 15-40% (a CI job on a busy runner).
+
 Then the time `find_changes` takes on one metric of a 200- and a 2,000-record history (steps at 30% and
 60% of it, the drift over its last 50 records), best of 3. Seeded: the same arguments print the same
 figures (the times aside).
@@ -32,18 +34,19 @@ from test_regressions import DRIFT_FROM, DRIFT_PER_RECORD, RECORDS, STEP_RATIO, 
 
 from tuneup.compare.changepoints import find_changes
 
-CVS = (0.01, 0.015, 0.02)
+# (noise CV, share of records 15-40% slow: a CI job on a busy runner)
+ROWS = ((0.01, 0.0), (0.015, 0.0), (0.02, 0.0), (0.015, 0.03), (0.02, 0.05))
 
 
 def _series(records: list) -> tuple[list[float], list[str]]:
     return [r.metrics["samples_per_s"] for r in records], [r.commit for r in records]
 
 
-def detection(cv: float, seeds: int) -> dict[str, float]:
+def detection(cv: float, seeds: int, slow_share: float = 0.0) -> dict[str, float]:
     both = step_cover = extra = drift_found = drift_cover = 0
     slopes = []
     for seed in range(seeds):
-        changes = find_changes(*_series(synthetic_history(seed, noise_cv=cv)))
+        changes = find_changes(*_series(synthetic_history(seed, noise_cv=cv, slow_share=slow_share)))
         matched = [
             [c for c in changes.change_points if abs(c.index - at) <= 2 and c.ratio < 1.0] for at in STEPS_AT
         ]
@@ -58,6 +61,7 @@ def detection(cv: float, seeds: int) -> dict[str, float]:
             drift_cover += d.percent_low <= -100 * DRIFT_PER_RECORD <= d.percent_high
     return {
         "cv": cv,
+        "slow_share": slow_share,
         "seeds": seeds,
         "both_steps_found": both,
         "steps_ratio_in_interval": step_cover,
@@ -68,11 +72,15 @@ def detection(cv: float, seeds: int) -> dict[str, float]:
     }
 
 
-def false_alarms(cv: float, seeds: int) -> int:
+def false_alarms(cv: float, seeds: int, slow_share: float = 0.0) -> int:
     alarms = 0
     for seed in range(seeds):
         changes = find_changes(
-            *_series(synthetic_history(1000 + seed, steps_at=(), drift_from=None, noise_cv=cv))
+            *_series(
+                synthetic_history(
+                    1000 + seed, steps_at=(), drift_from=None, noise_cv=cv, slow_share=slow_share
+                )
+            )
         )
         alarms += bool(changes.change_points or changes.drifts)
     return alarms
@@ -101,16 +109,16 @@ def main() -> int:
         f"{args.seeds} seeds a row; 5% slowdowns at records {STEPS_AT}, -0.1%/record from {DRIFT_FROM} to {RECORDS - 1}"
     )
     print(
-        "noise CV | both steps (within 2) | 0.95 in interval | extra change points | drift found | -0.1 in interval | median slope | A/A false alarms"
+        "noise CV | slow jobs | both steps (within 2) | 0.95 in interval | extra change points | drift found | -0.1 in interval | median slope | A/A false alarms"
     )
-    for cv in CVS:
-        row = detection(cv, args.seeds)
-        aa = false_alarms(cv, args.seeds)
+    for cv, slow_share in ROWS:
+        row = detection(cv, args.seeds, slow_share)
+        aa = false_alarms(cv, args.seeds, slow_share)
         figures["detection"].append(row)
-        figures["aa"].append({"cv": cv, "seeds": args.seeds, "false_alarms": aa})
+        figures["aa"].append({"cv": cv, "slow_share": slow_share, "seeds": args.seeds, "false_alarms": aa})
         slope = row["drift_percent_per_record_median"]
         print(
-            f"{100 * cv:7.1f}% | {row['both_steps_found']:>2}/{args.seeds} | {row['steps_ratio_in_interval']:>2}/{2 * args.seeds} "
+            f"{100 * cv:7.1f}% | {100 * slow_share:3.0f}% | {row['both_steps_found']:>2}/{args.seeds} | {row['steps_ratio_in_interval']:>2}/{2 * args.seeds} "
             f"| {row['extra_change_points']} | {row['drift_found']:>2}/{args.seeds} | {row['drift_rate_in_interval']:>2}/{row['drift_found']} "
             f"| {slope:+.3f}%/record | {aa}/{args.seeds}"
             if slope is not None

@@ -37,16 +37,21 @@ def synthetic_history(
     steps_at: tuple[int, ...] = STEPS_AT,
     drift_from: int | None = DRIFT_FROM,
     noise_cv: float = NOISE_CV,
+    slow_share: float = 0.0,
 ) -> list[HistoryRecord]:
     """A CI history: samples_per_s around 1,000 with `noise_cv` noise, a 5% slowdown at each of `steps_at`,
-    and 0.1% slower per record from `drift_from` on (None: no drift); step_time_ms is its reciprocal."""
+    and 0.1% slower per record from `drift_from` on (None: no drift); step_time_ms is its reciprocal.
+    `slow_share` of the records are 15-40% slow besides: a CI job on a busy runner."""
     rng = random.Random(seed)
+    busy = random.Random(seed + 99)  # its own generator: the noise is the same with or without slow jobs
     out = []
     for i in range(records):
         level = 1000.0 * STEP_RATIO ** sum(i >= s for s in steps_at)
         if drift_from is not None and i >= drift_from:
             level *= (1.0 - DRIFT_PER_RECORD) ** (i - drift_from + 1)
         samples_per_s = level * (1.0 + rng.gauss(0.0, noise_cv))
+        if busy.random() < slow_share:
+            samples_per_s *= busy.uniform(0.6, 0.85)
         metrics = {"samples_per_s": samples_per_s, "step_time_ms": 1000.0 * SAMPLES_PER_STEP / samples_per_s}
         out.append(HistoryRecord(f"{i:04d}{seed:04x}abc", 1_700_000_000.0 + 600.0 * i, metrics, "main"))
     return out
@@ -110,6 +115,24 @@ def test_aa_histories_raise_at_most_one_false_alarm_in_20() -> None:
         if changes.change_points or changes.drifts:
             alarms.append((seed, changes))
     assert len(alarms) <= 1, alarms
+
+
+def test_slow_jobs_on_a_busy_runner_are_outliers_not_steps() -> None:
+    alarms, missed = [], []
+    for seed in range(20):
+        records = synthetic_history(2000 + seed, steps_at=(), drift_from=None, slow_share=0.03)
+        changes = find_changes(*_series(records))
+        if changes.change_points or changes.drifts:
+            alarms.append((seed, changes))
+        records = synthetic_history(seed, slow_share=0.03)
+        changes = find_changes(*_series(records))
+        calm = synthetic_history(seed)  # the same noise without the slow jobs
+        slow = [i for i, (a, b) in enumerate(zip(records, calm, strict=True)) if a.metrics != b.metrics]
+        if not all(any(abs(c.index - at) <= 2 for c in changes.change_points) for at in STEPS_AT):
+            missed.append((seed, changes))
+        assert slow and set(slow) <= set(changes.outliers), (slow, changes.outliers)
+    assert len(alarms) <= 1, alarms
+    assert len(missed) <= 1, missed
 
 
 def test_a_constant_or_short_series_has_no_change() -> None:

@@ -3,6 +3,10 @@
 The series is taken in logs, so that a step is a ratio and the noise of a metric measured at 1-2% CV is
 about the same size whatever its unit.
 
+0. Outliers. A record far from the median of the records around it (a Hampel filter: more than
+   `OUTLIER_SDS` noise SDs from the median of `OUTLIER_WINDOW`) is left out, and named: one CI job on a
+   busy runner must not cost a segment of its own (see OUTLIER_SDS for what it did). A change needs
+   `MIN_SEGMENT_RECORDS` records after it, so a slow last record is an outlier until more follow.
 1. Segments. Binary segmentation (ruptures' `Binseg`) with a piecewise-linear cost: each segment is a
    line in the record index (a level and a slope), so a slow drift is one sloping segment rather than a
    staircase of small steps (a piecewise-constant cost, the one of E-Divisive means and of PELT with an L2
@@ -40,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from tuneup.analyze.projection import _mann_kendall_z
@@ -63,13 +67,23 @@ MIN_DRIFT_RECORDS = 10
 # A drift is a claim a team acts on (bisect a month of commits): the two-sided 0.2% level of the trend test,
 # so that a flat segment is called flat (the projection uses the same level to call a curve "getting worse").
 DRIFT_Z = 3.09
+# A record more than OUTLIER_SDS noise SDs from the median of the OUTLIER_WINDOW records around it is left
+# out. Each one left in cost a penalty's worth of fit: in 20 flat histories with 3% of their records 15-40%
+# slow (a CI job on a busy runner), binary segmentation cut a 5-record segment around nearly every one, and
+# all 20 histories reported false steps. 5 SDs: a normal record is that far from its neighbours' median
+# about once in a million (the median of 11 is itself noisy: the difference's SD is 1.07 of the noise's);
+# a 5% step at 1.5% noise is 3.3 SDs from the level before it, and a run of up to 5 slow jobs in a row is
+# still outvoted in the window of 11. A step is never an outlier: the window's median moves with it.
+OUTLIER_WINDOW = 11
+OUTLIER_SDS = 5.0
 # The median absolute deviation of a normal sample is this share of its standard deviation.
 _MAD_TO_SD = 1.4826
 
 
 @dataclass(frozen=True)
 class ChangePoint:
-    """A step in the series: `index` is the first record after it (an index into the series given).
+    """A step in the series: `index` is the first record after it (an index into the series given);
+    records_before/records_after: the records, outliers not counted, of the segments either side.
     ratio: the level after the step over the level before it (0.95: 5% lower), with its interval at the
     analysis' confidence; p_value: two-sided, of "no step here" (see the module's note on its bias)."""
 
@@ -105,13 +119,15 @@ class Drift:
 class SeriesChanges:
     """What one series did: its change points and drifts, oldest first; `boundaries` are every segment start
     the segmentation found (change points, and changes of slope too small to report), `noise_cv` the
-    record-to-record noise it was judged against (a share, 0.015 = 1.5%)."""
+    record-to-record noise it was judged against (a share, 0.015 = 1.5%). Every index is into the series
+    given, outliers included."""
 
     records: int
     change_points: tuple[ChangePoint, ...]
     drifts: tuple[Drift, ...]
     boundaries: tuple[int, ...]
     noise_cv: float
+    outliers: tuple[int, ...] = ()  # records left out as outliers (see _outliers), indices into the series
 
 
 def _noise_sd(logs: Sequence[float]) -> float:
@@ -122,6 +138,18 @@ def _noise_sd(logs: Sequence[float]) -> float:
     differences = np.diff(np.asarray(logs))
     mad = float(np.median(np.abs(differences - np.median(differences))))
     return _MAD_TO_SD * mad / math.sqrt(2.0)
+
+
+def _outliers(logs: Sequence[float], noise_sd: float) -> list[int]:
+    """The records far from their neighbours' median (a Hampel filter): one CI job on a busy runner, say."""
+    import numpy as np
+    from scipy.ndimage import median_filter
+
+    y = np.asarray(logs, dtype=float)
+    # The ends are mirrored without repeating the last record ('mirror', not 'nearest', which made a slow
+    # last record six of the window's eleven, its own median, and a false step).
+    local = median_filter(y, size=OUTLIER_WINDOW, mode="mirror")
+    return [int(i) for i in np.flatnonzero(np.abs(y - local) > OUTLIER_SDS * max(noise_sd, 1e-12))]
 
 
 def _segment_starts(logs: Sequence[float], noise_sd: float) -> list[int]:
@@ -183,9 +211,7 @@ def _step(
     return math.exp(jump), math.exp(jump - half), math.exp(jump + half), p
 
 
-def _drift(
-    logs: Sequence[float], commits: Sequence[str], start: int, end: int, min_effect: float, confidence: float
-) -> Drift | None:
+def _drift(logs: Sequence[float], start: int, end: int, min_effect: float, confidence: float) -> Drift | None:
     from scipy import stats
 
     segment = list(logs[start:end])
@@ -201,8 +227,8 @@ def _drift(
     return Drift(
         start_index=start,
         end_index=end - 1,
-        start_commit=commits[start],
-        end_commit=commits[end - 1],
+        start_commit="",
+        end_commit="",
         percent_per_record=100.0 * math.expm1(slope),
         percent_low=100.0 * math.expm1(low),
         percent_high=100.0 * math.expm1(high),
@@ -227,10 +253,38 @@ def find_changes(
     if min_effect < 0.0:
         raise ValueError(f"min_effect is a share of at least 0 (such as 0.02), got {min_effect!r}")
     logs = [math.log(v) for v in values]
+    if len(logs) < MIN_RECORDS:
+        return SeriesChanges(len(logs), (), (), (), 0.0)
+    noise_sd = _noise_sd(logs)
+    outliers = set(_outliers(logs, noise_sd))
+    kept = [i for i in range(len(logs)) if i not in outliers]
+    found = _changes([logs[i] for i in kept], noise_sd, min_effect, confidence)
+    back = kept.__getitem__  # an index among the records kept -> the index into the series given
+
+    change_points = tuple(
+        replace(c, index=back(c.index), commit=commits[back(c.index)]) for c in found.change_points
+    )
+    drifts = tuple(
+        replace(
+            d,
+            start_index=back(d.start_index),
+            end_index=back(d.end_index),
+            start_commit=commits[back(d.start_index)],
+            end_commit=commits[back(d.end_index)],
+        )
+        for d in found.drifts
+    )
+    boundaries = tuple(back(k) for k in found.boundaries)
+    return SeriesChanges(
+        len(logs), change_points, drifts, boundaries, math.expm1(noise_sd), tuple(sorted(outliers))
+    )
+
+
+def _changes(logs: Sequence[float], noise_sd: float, min_effect: float, confidence: float) -> SeriesChanges:
+    """find_changes on the records kept; commits are filled in by the caller."""
     n = len(logs)
     if n < MIN_RECORDS:
         return SeriesChanges(n, (), (), (), 0.0)
-    noise_sd = _noise_sd(logs)
     starts = _segment_starts(logs, noise_sd)
     edges = [0, *starts, n]
     change_points = []
@@ -244,7 +298,7 @@ def find_changes(
         change_points.append(
             ChangePoint(
                 index=boundary,
-                commit=commits[boundary],
+                commit="",
                 ratio=ratio,
                 ratio_low=low,
                 ratio_high=high,
@@ -260,7 +314,7 @@ def find_changes(
         # before it; one that the segmentation cut in two (binary segmentation is greedy) is still found whole.
         inner = [k for k in reversed(slope_changes) if a < k and b - k >= MIN_DRIFT_RECORDS]
         for start in [*inner, a]:
-            drift = _drift(logs, commits, start, b, min_effect, confidence)
+            drift = _drift(logs, start, b, min_effect, confidence)
             if drift is not None:
                 drifts.append(drift)
                 break

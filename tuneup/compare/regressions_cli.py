@@ -19,7 +19,7 @@ import json
 import math
 import sys
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FORMATS = ("text", "md", "json")
@@ -27,6 +27,8 @@ DEFAULT_MIN_EFFECT = 0.02
 # Metrics where more is better: rates (samples_per_s, tokens_per_s) and utilisation. Every other metric a
 # history holds is a time, a size or a price, where less is better.
 _HIGHER_IS_BETTER_SUFFIXES = ("_per_s", "mfu", "goodput")
+
+OUTLIERS_LISTED = 5  # record indices named in the text; JSON has them all
 
 EXIT_NONE = 0
 EXIT_REGRESSION = 1
@@ -79,6 +81,7 @@ class MetricFindings:
     drifts: list[dict[str, Any]]
     failing: bool
     note: str | None
+    outliers: list[int] = field(default_factory=list)  # records left out, indices into the history
 
 
 def _is_worse(ratio: float, higher_better: bool) -> bool:
@@ -117,7 +120,10 @@ def analyse(records: list[Any], metric: str, min_effect: float) -> MetricFinding
     failing = bool(steps and steps[-1]["regression"]) or any(
         d["regression"] and d["end_index"] == at[-1] for d in drifts
     )
-    return MetricFindings(metric, higher_better, len(at), changes.noise_cv, steps, drifts, failing, None)
+    outliers = [at[i] for i in changes.outliers]
+    return MetricFindings(
+        metric, higher_better, len(at), changes.noise_cv, steps, drifts, failing, None, outliers
+    )
 
 
 def cmd_regressions(args: argparse.Namespace, usage_error: type[Exception]) -> int:
@@ -197,6 +203,15 @@ def render(findings: list[MetricFindings], records: list[Any], fmt: str) -> str:
         head = f"{f.metric} ({f.records} records, noise {100 * f.noise_cv:.1f}% CV, {better} is better)"
         lines.append(f"{head}: no change point, no drift" if not found else head)
         lines.extend(found)
+        if f.outliers:
+            shown = ", ".join(str(i) for i in f.outliers[:OUTLIERS_LISTED])
+            more = (
+                f" and {len(f.outliers) - OUTLIERS_LISTED} more" if len(f.outliers) > OUTLIERS_LISTED else ""
+            )
+            lines.append(
+                f"{f.metric}: {len(f.outliers)} outlying records left out (far from their neighbours: one slow "
+                f"job, say): records {shown}{more}"
+            )
     if fmt == "md":
         from tuneup.report.markdown import markdown_text
 
