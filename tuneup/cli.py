@@ -347,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tuneup.fleet.fleet_cli import add_command as add_fleet_command
 
     add_fleet_command(sub, UsageError)
+    from tuneup.compare.regressions_cli import add_command as add_regressions_command
+
+    add_regressions_command(sub, UsageError)
     return parser
 
 
