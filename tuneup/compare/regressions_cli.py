@@ -95,8 +95,11 @@ def analyse(records: list[Any], metric: str, min_effect: float) -> MetricFinding
     values = [records[i].metrics[metric] for i in at]
     higher_better = higher_is_better(metric)
     if any(v <= 0.0 for v in values):
+        # exposed_comm_ms is 0 on one rank, say: a step is a ratio, and a ratio to 0 is none.
         note = (
-            f"{metric} has values that are not positive; change points are found in ratios of positive values"
+            f"always 0 in these {len(at)} records"
+            if all(v == 0.0 for v in values)
+            else f"{metric} has values that are not positive; change points are found in ratios of positive values"
         )
         return MetricFindings(metric, higher_better, len(at), 0.0, [], [], False, note)
     if len(at) < MIN_RECORDS:
@@ -116,9 +119,10 @@ def analyse(records: list[Any], metric: str, min_effect: float) -> MetricFinding
         }
         for d in changes.drifts
     ]
-    # A drift that ends at the last record is the latest segment's (segments tile the series).
+    # A drift that ends at the last record kept (not an outlier) is the latest segment's: segments tile it.
+    latest = max(set(range(len(at))) - set(changes.outliers))
     failing = bool(steps and steps[-1]["regression"]) or any(
-        d["regression"] and d["end_index"] == at[-1] for d in drifts
+        _is_worse(d.total_ratio, higher_better) and d.end_index == latest for d in changes.drifts
     )
     outliers = [at[i] for i in changes.outliers]
     return MetricFindings(
