@@ -24,9 +24,9 @@ about the same size whatever its unit.
    one figure, bounded and tested by one fit. Lines, not means: a drift through a boundary, or one that
    starts there, moves the means of 20 records a side by 1-2% (at 1% noise 5 of 20 histories had such a
    2% "step" inside their drift) and the lines not at all; the price is an interval twice as wide. The
-   boundary was chosen where the data changed most, so the p-value is smaller than an honest one: `STEP_P`
-   (5%) is a threshold, not a rate of false alarms. A boundary whose step is below `min_effect`, or whose p-value is
-   not below `STEP_P`, is no change point: a change of slope, such as where a drift starts.
+   boundary was chosen where the data changed most, so the p-value is smaller than an honest one:
+   `STEP_P` (5%) is a threshold, not a rate of false alarms. A boundary whose step is below `min_effect`,
+   or whose p-value is not below `STEP_P`, is no change point: a change of slope, where a drift starts.
 4. Drift. Over the stretch since each change point (or, where the segmentation saw a change of slope in
    it, from there, the latest first: a drift that starts late is measured where it is), at least
    `MIN_DRIFT_RECORDS` long: a Mann-Kendall trend test (the one the projection of a training curve uses:
