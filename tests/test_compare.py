@@ -26,6 +26,7 @@ def synthetic_run(
     model: str = "Net",
     batch: int = 8,
     rss_bytes: float = 100e6,
+    commit: str | None = None,
 ) -> Path:
     """A run whose steady steps all take `step_ms` (its first step is a slow warm-up), `batch` samples per
     rank, and whose process peaks at `rss_bytes`."""
@@ -43,6 +44,7 @@ def synthetic_run(
             },
             "dataloader": {"batch_size": batch},
             "model": {"class": model, "parameters": 1000},
+            **({"environment": {"git": {"commit": commit, "branch": "main"}}} if commit else {}),
         },
     )
     for rank in range(world):

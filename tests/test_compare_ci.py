@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -218,3 +220,89 @@ def test_junit_option_and_github_summary_state_one_figure_per_metric(
         assert re.search(rf"{metric}\s+{verdicts[metric]}\s.*\s{re.escape(effect)}\s", proc.stdout)
         case = next(c for c in suite.iter("testcase") if c.get("name") == metric)
         assert effect in ET.tostring(case, encoding="unicode")
+
+
+# -- --history: the candidate's result appended for `tuneup regressions` ----------------------------------------
+
+
+def test_history_appends_the_candidates_figures_commit_and_verdict(
+    sets: dict[str, Path], tmp_path: Path
+) -> None:
+    from tuneup.compare.history import read
+
+    history = tmp_path / "ci" / "history.jsonl"
+    slow = tmp_path / "slow"
+    for i, ms in enumerate([12.0, 12.1, 11.9]):
+        synthetic_run(slow / f"run-{i}", ms, commit="0123456789abcdef0123456789abcdef01234567")
+    json_out = tmp_path / "r.json"
+    args = ("--metrics", "throughput,step_time,peak_memory", "--history", str(history))
+    first = cli("compare", str(sets["base"]), str(slow), *args, "--json", str(json_out), cwd=tmp_path)
+    assert first.returncode == 1, first.stderr
+    assert f"appended the candidate's figures to the history {history}" in first.stdout
+    # Not a git checkout, and runs without a recorded commit: 'unknown', said rather than guessed.
+    same = cli("compare", str(sets["base"]), str(sets["same"]), *args, cwd=tmp_path)
+    assert same.returncode == 0, same.stderr
+    records = read(history)
+    assert [(r.commit, r.verdict) for r in records] == [
+        ("0123456789abcdef0123456789abcdef01234567", "regression"),
+        ("unknown", "no_change"),
+    ]
+    compared = {m["metric"]: m for m in json.loads(json_out.read_text())["metrics"]}
+    metrics = records[0].metrics
+    # The figures the table prints as 'candidate' (geometric means of the runs').
+    assert metrics["step_time_ms"] == pytest.approx(compared["step time"]["candidate_mean"], rel=1e-9)
+    assert metrics["step_time_ms"] == pytest.approx((12.0 * 12.1 * 11.9) ** (1 / 3), rel=1e-9)
+    assert metrics["samples_per_s"] == pytest.approx(compared["throughput"]["candidate_mean"], rel=1e-9)
+    assert metrics["peak_memory_bytes"] == pytest.approx(100e6)
+    assert "usd_per_million_samples" not in metrics and "exposed_comm_ms" not in metrics  # not recorded
+    assert records[0].timestamp_unix <= records[1].timestamp_unix
+
+
+def test_history_in_a_checkout_takes_its_commit_and_a_bad_location_is_exit_2(
+    sets: dict[str, Path], tmp_path: Path
+) -> None:
+    from tuneup.compare.history import read
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    history = tmp_path / "history.jsonl"
+    proc = cli("compare", str(sets["base"]), str(sets["fast"]), "--history", str(history), cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    (record,) = read(history)
+    assert (record.commit, record.branch, record.verdict) == (head, "main", "improvement")
+    bad = cli("compare", str(sets["base"]), str(sets["same"]), "--history", str(tmp_path), cwd=repo)
+    assert bad.returncode == 2 and "is a directory" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bench_appends_to_the_history_with_and_without_a_baseline(
+    sets: dict[str, Path], tmp_path: Path
+) -> None:
+    """`tuneup bench --history`: a bench without a baseline still adds the candidate's point (no verdict);
+    with one, the verdict too. The workload writes a synthetic run where TUNEUP_DIR says (no training)."""
+    from tuneup.compare.history import read
+
+    root = Path(__file__).parent.parent
+    code = (
+        f"import os, sys; sys.path.insert(0, {str(root)!r}); from pathlib import Path; "
+        "from tests.test_compare import synthetic_run; synthetic_run(Path(os.environ['TUNEUP_DIR']), 12.0)"
+    )
+    workload = f"{sys.executable} -c {shlex.quote(code)}"
+    history = tmp_path / "history.jsonl"
+    alone = cli(
+        "bench", "--cmd", workload, "--runs", "2", "--out", str(tmp_path / "a"), "--history", str(history)
+    )
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    against = cli(
+        "bench", "--cmd", workload, "--runs", "2", "--out", str(tmp_path / "b"), "--history", str(history),
+        "--baseline", str(sets["base"]), "--metrics", "step_time",
+    )  # fmt: skip
+    assert against.returncode == 1, against.stdout + against.stderr
+    records = read(history)
+    assert [r.verdict for r in records] == [None, "regression"]
+    assert all(r.metrics["step_time_ms"] == pytest.approx(12.0) for r in records)

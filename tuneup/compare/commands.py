@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -67,6 +68,13 @@ def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="also write the result as JUnit XML, a test case per metric (a regression fails it, an "
         "inconclusive metric skips it), for CI dashboards",
+    )
+    group.add_argument(
+        "--history",
+        metavar="PATH_OR_URL",
+        help="after deciding, append the candidate's figures, its commit and the verdict to this CI history "
+        "(a JSON Lines file, or a prefix on object storage such as s3://bucket/perf), for `tuneup "
+        "regressions`",
     )
     group.add_argument(
         "--detailed-exit-codes",
@@ -181,6 +189,7 @@ def _compare_and_report(baseline: Side, candidate: Side, args: argparse.Namespac
         from tuneup.compare.junit import write_junit
 
         write_junit(result, args.junit)
+    _append_history(args, candidate, _verdict_word(result))
     inconclusive = result.count(Verdict.INCONCLUSIVE)
     if inconclusive and args.inconclusive == "pass" and not args.detailed_exit_codes:
         print(
@@ -189,6 +198,81 @@ def _compare_and_report(baseline: Side, candidate: Side, args: argparse.Namespac
             file=sys.stderr,
         )
     return result.exit_code(inconclusive_fails=args.inconclusive == "fail", detailed=args.detailed_exit_codes)
+
+
+def _verdict_word(result: Any) -> str:
+    """The gate's word for a comparison, as the history keeps it: the first of these that applies."""
+    from tuneup.compare.rule import Verdict
+
+    if result.regression:
+        return "regression"
+    if result.count(Verdict.INCONCLUSIVE):
+        return "inconclusive"
+    return "improvement" if result.count(Verdict.IMPROVEMENT) else "no_change"
+
+
+def _commit(candidate: Side) -> tuple[str, str | None]:
+    """(commit, branch) of the candidate: its runs' recorded git state, else the checkout this runs in
+    (a CI job's), else 'unknown'."""
+    from tuneup.collect.environment import git_state
+
+    recorded = next((r.commit for r in candidate.runs if r.commit), None)
+    if recorded is not None:
+        return recorded, None
+    state = git_state()
+    if state is not None and state.get("commit"):
+        return str(state["commit"]), state.get("branch")
+    return "unknown", None
+
+
+def _candidate_figure(values: list[float | None]) -> float | None:
+    """The candidate's figure for the history: the geometric mean of its runs', the figure compare's table
+    prints as 'candidate'; 0 where every run's is 0 (exposed communication fully overlapped); None where a
+    run lacks it."""
+    if not values or any(v is None or v < 0 for v in values):
+        return None
+    if all(v == 0 for v in values):
+        return 0.0
+    if any(v == 0 for v in values):
+        return None  # no geometric mean, and no second definition beside it
+    return math.exp(math.fsum(math.log(v) for v in values if v is not None) / len(values))
+
+
+def _append_history(args: argparse.Namespace, candidate: Side, verdict: str | None) -> None:
+    if getattr(args, "history", None):
+        from tuneup.compare.history import append
+
+        append(args.history, history_record(candidate, verdict, time.time()))
+        print(f"appended the candidate's figures to the history {args.history}")
+
+
+def history_record(candidate: Side, verdict: str | None, timestamp_unix: float) -> Any:
+    """The candidate's CI result as a `tuneup.compare.history.HistoryRecord`: its figures, commit and the
+    comparison's verdict word (regression, inconclusive, improvement, no_change; None where nothing was
+    compared: a bench without a baseline still adds a point to the history)."""
+    from tuneup.compare.history import HistoryRecord
+
+    runs = candidate.runs
+    per_million = [None if r.usd_per_sample is None else r.usd_per_sample * 1e6 for r in runs]
+    figures = {
+        "samples_per_s": [r.throughput if r.throughput_unit == "samples/s" else None for r in runs],
+        "step_time_ms": [r.step_time_ms for r in runs],
+        "peak_memory_bytes": [r.peak_memory_bytes for r in runs],
+        "usd_per_million_samples": per_million,
+        "exposed_comm_ms": [r.exposed_comm_ms for r in runs],
+    }
+    metrics = {
+        name: figure for name, values in figures.items() if (figure := _candidate_figure(values)) is not None
+    }
+    commit, branch = _commit(candidate)
+    return HistoryRecord(
+        commit=commit,
+        timestamp_unix=timestamp_unix,
+        metrics=metrics,
+        branch=branch,
+        run_url=None,
+        verdict=verdict,
+    )
 
 
 def _target(args: argparse.Namespace) -> Any:
@@ -289,6 +373,7 @@ def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
             print(
                 f"\nno baseline given: the runs are in {sets['candidate']} (compare them later with tuneup compare)"
             )
+            _append_history(args, candidate_side, None)
             return 0
         print()
         return _compare_and_report(baseline, candidate_side, args)

@@ -71,6 +71,10 @@ class RunSummary:
     # The time and cost to `compare --target`'s target (None: no target asked for). A baseline file keeps
     # no metric curve: its runs say so rather than carry a figure from another target.
     to_target: RunToTarget | None = None
+    # For the CI history (`--history`), not compared: the commit the run's git state recorded, and the
+    # exposed communication a step (collectives the step waited for; None on one process).
+    commit: str | None = None
+    exposed_comm_ms: float | None = None
 
     def value(self, metric: str) -> float | None:
         return {
@@ -124,6 +128,8 @@ def summarize_run(run: Run, analysis: RunAnalysis | None = None, target: Target 
     else:
         memory, kind = _process_memory(tel.processes)
     samples_per_usd = analysis.cost.figures.samples_per_usd if analysis.cost is not None else None
+    git = analysis.environment.git or {}
+    comm = analysis.communication
     return RunSummary(
         run_id=run.run_id,
         path=run.location,
@@ -135,6 +141,8 @@ def summarize_run(run: Run, analysis: RunAnalysis | None = None, target: Target 
         usd_per_sample=1.0 / samples_per_usd if samples_per_usd else None,
         steady_steps=min((r.steps for r in analysis.step_time.per_rank), default=0),
         fingerprint=fingerprint(run),
+        commit=git.get("commit") if isinstance(git.get("commit"), str) else None,
+        exposed_comm_ms=comm.exposed_ms_per_step if comm is not None else None,
         to_target=None
         if target is None
         else run_to_target(
@@ -231,6 +239,11 @@ def mismatches(reference: Mapping[str, Any], others: Sequence[Mapping[str, Any]]
 # -- baseline files ----------------------------------------------------------------------------------
 
 
+# A baseline file keeps the compared figures; these history-only fields stay out, so that its format is
+# unchanged (a file written now reads in an older tuneup and the reverse).
+_NOT_IN_FILES = ("commit", "exposed_comm_ms")
+
+
 def baseline_document(runs: Sequence[RunSummary], *, created: str | None = None) -> dict[str, Any]:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {
@@ -240,7 +253,8 @@ def baseline_document(runs: Sequence[RunSummary], *, created: str | None = None)
         "updated": now,
         "fingerprint": runs[0].fingerprint if runs else {},
         "runs": [
-            {k: v for k, v in r.as_dict().items() if k not in ("fingerprint", "to_target")} for r in runs
+            {k: v for k, v in r.as_dict().items() if k not in ("fingerprint", "to_target", *_NOT_IN_FILES)}
+            for r in runs
         ],
     }
 
