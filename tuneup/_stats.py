@@ -56,3 +56,21 @@ def weighted_quantile(values: Sequence[float], weights: Sequence[int], q: float)
         if seen >= q * total:
             return value
     return pairs[-1][0]
+
+
+def mann_kendall_z(y: Sequence[float]) -> float:
+    """The Mann-Kendall trend statistic as a normal score (negative: falling), with the tie correction: a
+    trend test that assumes no shape and no distribution (the projection's gate, the CI history's drift)."""
+    n = len(y)
+    s = 0
+    for i in range(n - 1):
+        yi = y[i]
+        for yj in y[i + 1 :]:
+            s += (yj > yi) - (yj < yi)
+    ties: dict[float, int] = {}
+    for v in y:
+        ties[v] = ties.get(v, 0) + 1
+    variance = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())) / 18
+    if variance <= 0.0 or s == 0:
+        return 0.0
+    return (s - 1) / math.sqrt(variance) if s > 0 else (s + 1) / math.sqrt(variance)

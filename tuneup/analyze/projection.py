@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from operator import mul
 
+from tuneup._stats import mann_kendall_z
 from tuneup.target import Target
 
 # Fewer values than this cannot tell a curve from noise: three parameters are fitted, and a trend test on
@@ -217,23 +218,6 @@ def _reach_step(fit: _Fit, target: float, last_step: float) -> float:
     return last_step * math.exp(max(log_u, -_MAX_LOG))
 
 
-def _mann_kendall_z(y: Sequence[float]) -> float:
-    """The Mann-Kendall trend statistic as a normal score (negative: falling), with the tie correction."""
-    n = len(y)
-    s = 0
-    for i in range(n - 1):
-        yi = y[i]
-        for yj in y[i + 1 :]:
-            s += (yj > yi) - (yj < yi)
-    ties: dict[float, int] = {}
-    for v in y:
-        ties[v] = ties.get(v, 0) + 1
-    variance = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())) / 18
-    if variance <= 0.0 or s == 0:
-        return 0.0
-    return (s - 1) / math.sqrt(variance) if s > 0 else (s + 1) / math.sqrt(variance)
-
-
 def _binned(steps: Sequence[float], values: Sequence[float], bins: int) -> tuple[list[float], list[float]]:
     """Means of `bins` consecutive, near-equal groups of (step, value)."""
     n = len(steps)
@@ -330,7 +314,7 @@ def project_to_target(
     scale = max(abs(v) for _, v in usable) or 1.0
     goal = sign * target.value / scale
     tail = _window([(s, v) for s, v in _last(pairs, TAIL_SHARE) if s > 0.0], sign, scale)
-    z = _mann_kendall_z(tail.y)
+    z = mann_kendall_z(tail.y)
     if z >= WORSE_Z:
         return _no_projection(
             "moving_away",

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
-from tuneup.analyze.projection import _mann_kendall_z
+from tuneup._stats import mann_kendall_z
 
 # A segment shorter than this cannot tell a line from noise (and a step of one or two odd records is an
 # outlier, not a change).
@@ -223,7 +223,7 @@ def _drift(logs: Sequence[float], start: int, end: int, min_effect: float, confi
     segment = list(logs[start:end])
     if len(segment) < MIN_DRIFT_RECORDS:
         return None
-    z = _mann_kendall_z(segment)
+    z = mann_kendall_z(segment)
     if abs(z) < DRIFT_Z:
         return None
     slope, _, low, high = stats.theilslopes(segment, alpha=confidence)
