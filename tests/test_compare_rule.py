@@ -213,7 +213,7 @@ def test_rule_defaults_threshold_and_description() -> None:
         ("resamples", 10.5),
         ("confidence", 1.0),
         ("seed", 1.5),
-        ("max_no_change", 0.04),
+        ("max_no_change", -0.01),
         ("max_no_change", 1.0),
         ("deterministic_tolerance", -0.01),
     ],
@@ -313,6 +313,14 @@ def test_a_slowdown_above_15_percent_is_never_no_change(slowdown: float, cv: flo
     r = decide("step time", base, cand, higher_is_better=False)
     assert r.change == pytest.approx(slowdown, rel=1e-9)
     assert r.verdict in (Verdict.REGRESSION, Verdict.INCONCLUSIVE), r.reason
+
+
+def test_a_min_effect_above_max_no_change_is_a_valid_rule() -> None:
+    """`--min-effect 0.2` must not fail on the 15% ceiling: within 20% is NO CHANGE, as asked."""
+    rule = Rule(min_effect=0.2)
+    assert decide(
+        "step time", STEADY, [v * 1.18 for v in STEADY], higher_is_better=False, rule=rule
+    ).verdict is (Verdict.NO_CHANGE)
 
 
 def test_not_significant_within_the_threshold_and_below_15_percent_is_still_no_change() -> None:

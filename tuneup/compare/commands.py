@@ -97,8 +97,9 @@ def add_commands(sub: Any, usage_error: type[Exception]) -> None:
         description="Compare steady-state throughput, step time, peak memory and cost per sample of a "
         "candidate with a baseline, one figure per run, with a one-sided Welch test on log values and a "
         "minimum effect; with --target, also the time and $ to a quality target beside samples/s. Each side "
-        "is a run directory, a directory of runs, or a baseline file. Exit code "
-        "0: no regression; 1: regression; 2: bad input.",
+        "is a run directory, a directory of runs, or a baseline file. Peak memory repeats from run to run, "
+        "so it is judged against a 2% tolerance, from one run a side too. Exit code 0: no regression; "
+        "1: regression; 2: bad input (with --detailed-exit-codes also 3: inconclusive, 4: improvement).",
     )
     compare.add_argument(
         "baseline", metavar="BASELINE", help="run directory, directory of runs, or baseline file"

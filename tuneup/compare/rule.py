@@ -94,10 +94,9 @@ class Rule:
             raise ValueError(
                 f"Rule.min_effect must be a fraction in [0, 1) (0.05 = 5%), got {self.min_effect}"
             )
-        if not self.min_effect <= self.max_no_change < 1.0:
-            raise ValueError(
-                f"Rule.max_no_change must be a fraction in [min_effect, 1), got {self.max_no_change}"
-            )
+        if not 0.0 <= self.max_no_change < 1.0:
+            # Below min_effect it changes nothing: a change within min_effect is NO CHANGE first.
+            raise ValueError(f"Rule.max_no_change must be a fraction in [0, 1), got {self.max_no_change}")
         if not 0.0 <= self.deterministic_tolerance < 1.0:
             raise ValueError(
                 f"Rule.deterministic_tolerance must be a fraction in [0, 1), got {self.deterministic_tolerance}"
