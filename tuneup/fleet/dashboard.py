@@ -18,6 +18,7 @@ few however many runs there are.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -705,7 +706,7 @@ def _regressions(con: Any, group_by: str, period_unit: str, rule: Rule) -> Regre
     ungrouped = int(con.execute("SELECT count(*) FROM sel WHERE group_value IS NULL").fetchone()[0])
     pairs = [r for r in rows if r["prev_key"] is not None]
     windows = _windows(con)
-    quick = Rule(alpha=rule.alpha, min_effect=rule.min_effect, cv_multiplier=rule.cv_multiplier, resamples=0)
+    quick = dataclasses.replace(rule, resamples=0)  # every field of the rule, the interval left out
     mean_logs = {
         key: math.fsum(math.log(v) for v in values) / len(values) for key, values in windows.items() if values
     }
