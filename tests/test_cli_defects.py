@@ -433,3 +433,21 @@ def test_catalog_gpu_filter_matches_whole_parts_of_the_name_not_substrings() -> 
     a100 = {r.gpu for r in catalog.with_gpu("A100").rows}
     assert a100 and all(g.startswith("A100-") for g in a100)
     assert {r.gpu for r in catalog.with_gpu("a100-80gb").rows} == {g for g in a100 if g.endswith("80GB")}
+
+
+def test_a_bug_of_tuneups_is_one_line_and_exit_70_not_a_regressions_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A CI gate reads exit 1 as "regression": tuneup's own failure must not look like one.
+    import tuneup.cli as cli
+
+    def broken(args: object) -> int:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cli, "cmd_catalog", broken)
+    monkeypatch.delenv("TUNEUP_DEBUG", raising=False)
+    assert cli.main(["catalog"]) == cli.EXIT_INTERNAL_ERROR == 70
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("tuneup catalog: internal error: ZeroDivisionError: a bug") and "Traceback" not in err
+    )

@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat` or `git log` cut off by `| head`
+EXIT_INTERNAL_ERROR = (
+    70  # sysexits.h EX_SOFTWARE: a bug of tuneup's, told apart from a regression (1) and bad input (2)
+)
 
 
 def format_summary(run_dir: str | Path, cost: CostOptions | None = None, target: Target | None = None) -> str:
@@ -412,7 +415,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
             "(rerun with TUNEUP_DEBUG=1 for the traceback, and please report it)",
             file=sys.stderr,
         )
-        return 1
+        # Not 1: a CI job must not read tuneup's own failure as the regression `compare` exits 1 for.
+        return EXIT_INTERNAL_ERROR
 
 
 if __name__ == "__main__":
