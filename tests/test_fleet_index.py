@@ -3,7 +3,6 @@ committed demo run (benchmarks/fleet_synthetic.py), local and on object storage.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import itertools
 import json
@@ -21,7 +20,7 @@ pytest.importorskip("duckdb")
 import pyarrow.parquet as pq
 from test_multinode import s3  # noqa: F401  (the moto S3 server fixture)
 
-from tuneup._cli_common import UsageError
+from tuneup import cli
 from tuneup.analyze.analysis import analyze_run
 from tuneup.analyze.model import BADPUT_CATEGORIES
 from tuneup.fleet import index as fleet_index
@@ -34,7 +33,6 @@ from tuneup.fleet.index import (
     read_index,
     update_index,
 )
-from tuneup.fleet.index_cli import add_command
 from tuneup.fleet.row import MAX_STEP_WINDOWS, step_rows
 from tuneup.record import RecordingPolicy
 from tuneup.record.segments import load_segments
@@ -64,15 +62,8 @@ def _copy(fleet: Path, tmp_path: Path) -> Path:
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """`tuneup index ...` as the CLI runs it: exit code 2 and one line for a UsageError."""
-    parser = argparse.ArgumentParser(prog="tuneup")
-    add_command(parser.add_subparsers(dest="command"), UsageError)
-    args = parser.parse_args(["index", *argv])
-    try:
-        code = args.func(args)
-    except UsageError as exc:
-        print(f"tuneup index: error: {exc}", file=sys.stderr)
-        code = 2
+    """`tuneup index ARGV` through the command line's own dispatch (bad input: one line, exit 2)."""
+    code = cli.main(["index", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 

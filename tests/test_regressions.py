@@ -6,7 +6,6 @@ a known rate over a known stretch.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import uuid
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tuneup._cli_common import UsageError
+from tuneup import cli
 from tuneup.compare import history
 from tuneup.compare.changepoints import find_changes
 from tuneup.compare.history import HistoryRecord
-from tuneup.compare.regressions_cli import add_command
 
 STEPS_AT = (60, 120)  # the first record of each 5% slowdown
 STEP_RATIO = 0.95
@@ -67,15 +65,8 @@ def _write(path: Path, records: list[HistoryRecord]) -> Path:
 
 
 def run_command(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """`tuneup regressions ARGV` as tuneup.cli dispatches it: UsageError is exit code 2."""
-    parser = argparse.ArgumentParser(prog="tuneup")
-    add_command(parser.add_subparsers(dest="command"), UsageError)
-    args = parser.parse_args(["regressions", *argv])
-    try:
-        code = int(args.func(args))
-    except UsageError as exc:
-        print(f"tuneup regressions: error: {exc}", file=__import__("sys").stderr)
-        code = 2
+    """`tuneup regressions ARGV` through the command line's own dispatch (bad input: one line, exit 2)."""
+    code = cli.main(["regressions", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
