@@ -12,6 +12,7 @@ fail on an improvement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -153,8 +154,43 @@ def add_commands(sub: Any, usage_error: type[Exception]) -> None:
     bench.add_argument(
         "--timeout", type=float, default=3600.0, help="seconds one run may take (default: %(default)s)"
     )
+    add_ab_arguments(bench)
     add_rule_arguments(bench)
     bench.set_defaults(func=lambda args: _cmd_bench(args, usage_error))
+
+
+def add_ab_arguments(bench: argparse.ArgumentParser) -> None:
+    group = bench.add_argument_group(
+        "interleaved A/B (--ab)",
+        "runs the two workloads in blocks of A B B A or B A A B and decides on the blocks' paired "
+        "differences, so that a drift common to both cancels (tuneup.compare.ab); with --json, --history and "
+        "the exit-code options; not yet --markdown, --junit, --target",
+    )
+    group.add_argument(
+        "--ab", action="store_true", help="interleaved A/B: needs --baseline-cmd/--baseline-entry"
+    )
+    group.add_argument("--blocks", type=int, help="blocks to run (default: as the A/A calibration plans)")
+    group.add_argument("--seed", type=int, default=0, help="seed of the blocks' order (default: %(default)s)")
+    group.add_argument(
+        "--min-detectable",
+        type=float,
+        default=0.05,
+        help="the change to detect with power 0.9, a fraction; the threshold is half of it "
+        "(default: %(default)s)",
+    )
+    group.add_argument("--max-minutes", type=float, help="the time the blocks may take, calibration included")
+    group.add_argument(
+        "--calibrate-blocks",
+        type=int,
+        default=3,
+        help="A/A blocks (the baseline on both sides) run first to measure the noise (default: %(default)s; "
+        "0: none, then give --blocks)",
+    )
+    group.add_argument(
+        "--calibration",
+        metavar="JSON",
+        help="plan from a previous A/A's --json (the same command on both sides) instead of running one",
+    )
 
 
 def _rule(args: argparse.Namespace) -> Any:
@@ -349,6 +385,8 @@ def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     from tuneup.compare.compare import format_value
 
     def run() -> int:
+        if args.ab:
+            return _bench_ab(args)
         candidate = Workload("candidate", args.cmd, args.entry)
         workloads = [candidate]
         if args.baseline_cmd or args.baseline_entry:
@@ -380,3 +418,131 @@ def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
         return _compare_and_report(baseline, candidate_side, args)
 
     return _guarded(run, usage_error)
+
+
+def _bench_ab(args: argparse.Namespace) -> int:
+    """`tuneup bench --ab`: calibrate (A/A), plan, run the blocks, decide on the paired differences."""
+    from tuneup.compare import ab
+    from tuneup.compare.bench import Workload
+
+    if not (args.baseline_cmd or args.baseline_entry) or args.baseline:
+        raise CompareInputError("--ab needs --baseline-cmd or --baseline-entry (and no --baseline)")
+    for option in ("markdown", "junit", "target", "github_summary"):
+        if getattr(args, option):
+            raise CompareInputError(
+                f"--{option.replace('_', '-')} is not supported with --ab yet; use --json"
+            )
+    if args.blocks is not None and args.blocks < ab.MIN_BLOCKS:
+        raise CompareInputError(f"--blocks must be at least {ab.MIN_BLOCKS}, got {args.blocks}")
+    if args.calibrate_blocks < 0 or args.calibrate_blocks == 1:
+        raise CompareInputError(f"--calibrate-blocks must be 0 or at least {ab.MIN_BLOCKS}")
+    rule = ab.ab_rule(args.alpha, args.min_detectable)
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise CompareInputError(f"--metrics: unknown {', '.join(unknown)}; choose from {', '.join(METRICS)}")
+    # The plan follows the first metric that varies from run to run (peak memory repeats).
+    plan_metric = next((m for m in metrics if not METRICS[m].deterministic), metrics[0])
+    baseline = Workload("baseline", args.baseline_cmd, args.baseline_entry)
+    candidate = Workload("candidate", args.cmd, args.entry)
+    out = Path(args.out) if args.out else Path("reports") / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    if out.exists() and any(out.iterdir()):
+        raise CompareInputError(f"{out} already holds runs; give --out an empty or new directory")
+    started_s = time.monotonic()
+
+    def figures(run_dirs: list[Path], metric: str) -> list[float] | None:
+        values = [load_side(d).runs[0].value(metric) for d in run_dirs]
+        return None if any(v is None or v <= 0 for v in values) else [float(v) for v in values if v]
+
+    def block_figures(
+        blocks: list[dict[str, list[Path]]], metric: str
+    ) -> list[tuple[list[float], list[float]]] | None:
+        pairs = []
+        for block in blocks:
+            a, b = figures(block[ab.BASELINE], metric), figures(block[ab.CANDIDATE], metric)
+            if a is None or b is None:
+                return None
+            pairs.append((a, b))
+        return pairs
+
+    plan = None
+    if args.calibration:
+        document = json.loads(Path(args.calibration).read_text(encoding="utf-8"))
+        entry = next(
+            (m for m in document.get("metrics", []) if m.get("metric") == METRICS[plan_metric].label), None
+        )
+        if entry is None:
+            raise CompareInputError(
+                f"{args.calibration}: no {plan_metric} block figures; give a --json of a --ab run"
+            )
+        calibration, seconds_per_block = entry["log_ratios"], document.get("seconds_per_block")
+    elif args.calibrate_blocks:
+        print(f"A/A calibration: {args.calibrate_blocks} blocks of the baseline on both sides")
+        aa_blocks, seconds_per_block = ab.run_blocks(
+            baseline,
+            baseline,
+            args.calibrate_blocks,
+            args.seed + 1,
+            out / "calibration",
+            timeout_s=args.timeout,
+        )
+        pairs = block_figures(aa_blocks, plan_metric)
+        if pairs is None:
+            raise CompareInputError(
+                f"the calibration runs did not record {plan_metric}; choose another --metrics"
+            )
+        calibration = [ab.block_log_ratio(a, b) for a, b in pairs]
+    else:
+        calibration, seconds_per_block = None, None
+    if calibration is not None:
+        left_s = (
+            None if args.max_minutes is None else args.max_minutes * 60.0 - (time.monotonic() - started_s)
+        )
+        plan = ab.plan(
+            calibration,
+            min_detectable=args.min_detectable,
+            alpha=args.alpha,
+            seconds_per_block=seconds_per_block,
+            max_seconds=left_s,
+            blocks=args.blocks,
+        )
+        print(plan.text())
+    elif args.blocks is None:
+        raise CompareInputError("without a calibration (--calibrate-blocks 0) give --blocks")
+    else:
+        print("no A/A calibration: what change these blocks can detect is not known")
+    blocks_to_run = plan.blocks if plan is not None else args.blocks
+    print(f"\nA/B: {blocks_to_run} blocks, seed {args.seed}")
+    ab_blocks, seconds_per_block = ab.run_blocks(
+        baseline, candidate, blocks_to_run, args.seed, out / "ab", timeout_s=args.timeout
+    )
+    results = []
+    for name in metrics:
+        pairs = block_figures(ab_blocks, name)
+        if pairs is None:
+            print(f"{name}: not recorded by every run; skipped")
+            continue
+        metric = METRICS[name]
+        results.append(
+            ab.decide_paired(
+                metric.label, pairs, higher_is_better=metric.higher_is_better, rule=rule, unit=metric.unit
+            )
+        )
+    print()
+    print(ab.format_table(results))
+    if args.json:
+        document = {
+            "seed": args.seed,
+            "seconds_per_block": seconds_per_block,
+            "plan": None if plan is None else dataclasses.asdict(plan),
+            "rule": dataclasses.asdict(rule),
+            "verdict": ab.verdict_word(results),
+            "metrics": [r.as_dict() for r in results],
+        }
+        Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    if getattr(args, "history", None):
+        candidate_runs = tuple(load_side(d).runs[0] for block in ab_blocks for d in block[ab.CANDIDATE])
+        _append_history(args, Side(str(out / "ab"), "set", candidate_runs), ab.verdict_word(results))
+    return ab.exit_code(
+        results, inconclusive_fails=args.inconclusive == "fail", detailed=args.detailed_exit_codes
+    )

@@ -1,0 +1,196 @@
+"""Interleaved A/B (`tuneup bench --ab`): the schedule, the paired decision under drift, the plan, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tuneup.compare.ab import (
+    BASELINE,
+    CANDIDATE,
+    ab_rule,
+    block_log_ratio,
+    blocks_needed,
+    decide_paired,
+    detectable_change,
+    normal_blocks_needed,
+    paired_t,
+    plan,
+    schedule,
+)
+from tuneup.compare.rule import Verdict, decide
+from tuneup.compare.stats import welch
+
+# The tests' shared CLI runner; the tests directory is no package, so found by path (either pytest entry).
+sys.path.insert(0, str(Path(__file__).parent))
+from test_compare import cli
+
+RULE = ab_rule(alpha=0.05, min_detectable=0.05)
+
+
+def test_each_block_is_abba_or_baab_and_the_seed_fixes_the_order() -> None:
+    order = schedule(40, seed=7)
+    assert len(order) == 160
+    firsts = Counter()
+    for block in range(40):
+        sides = [side for b, side in order if b == block]
+        assert sides in (
+            [BASELINE, CANDIDATE, CANDIDATE, BASELINE],
+            [CANDIDATE, BASELINE, BASELINE, CANDIDATE],
+        )
+        firsts[sides[0]] += 1
+    assert firsts[BASELINE] > 5 and firsts[CANDIDATE] > 5  # both orders are drawn
+    assert schedule(40, seed=7) == order
+    assert schedule(40, seed=8) != order
+    with pytest.raises(ValueError):
+        schedule(0, seed=1)
+
+
+def _drifting_blocks(
+    rng: random.Random, blocks: int, slowdown: float, drift: float, noise_sd: float
+) -> list[tuple[list[float], list[float]]]:
+    """Step times (ms) of runs in A B B A order per block: the machine slows by `drift` over the whole
+    job (linearly), each run has lognormal noise, the candidate is slower by `slowdown`."""
+    total = 4 * blocks
+    out = []
+    for k in range(blocks):
+        times = []
+        for i, side in enumerate((BASELINE, CANDIDATE, CANDIDATE, BASELINE)):
+            machine = 1.0 + drift * (4 * k + i) / total
+            times.append(
+                20.0
+                * machine
+                * (1.0 + (slowdown if side == CANDIDATE else 0.0))
+                * math.exp(rng.gauss(0, noise_sd))
+            )
+        out.append(([times[0], times[3]], [times[1], times[2]]))
+    return out
+
+
+def test_a_5_percent_slowdown_under_a_30_percent_drift_is_flagged_paired_but_not_pooled() -> None:
+    rng = random.Random(3)
+    blocks = _drifting_blocks(rng, blocks=6, slowdown=0.05, drift=0.30, noise_sd=0.01)
+    paired = decide_paired("step time", blocks, higher_is_better=False, rule=RULE)
+    assert paired.verdict is Verdict.REGRESSION, paired.reason
+    assert paired.ci_low is not None and paired.ci_high is not None
+    assert 1.03 < paired.ci_low < 1.05 < paired.ci_high < 1.07
+    assert paired.effect_text in paired.reason.replace(" higher", "").replace("step time ", "+")
+    # The same runs pooled: an unpaired Welch test on their logs cannot tell the change from the drift's
+    # spread (at a 20% drift over 8 blocks it still could, p about 0.01), and `tuneup compare`'s rule
+    # (threshold 2 x the pooled CV) does not flag it either.
+    base = [v for a, _ in blocks for v in a]
+    cand = [v for _, b in blocks for v in b]
+    unpaired = welch([math.log(v) for v in base], [math.log(v) for v in cand])
+    assert unpaired.p_b_greater > 0.05
+    assert decide("step time", base, cand, higher_is_better=False).verdict is not Verdict.REGRESSION
+
+
+def test_identical_sides_under_drift_raise_at_most_5_percent_false_alarms() -> None:
+    rng = random.Random(11)
+    trials = 400
+    flagged = sum(
+        decide_paired(
+            "step time",
+            _drifting_blocks(rng, blocks=6, slowdown=0.0, drift=0.20, noise_sd=0.02),
+            higher_is_better=False,
+            rule=RULE,
+        ).verdict
+        is Verdict.REGRESSION
+        for _ in range(trials)
+    )
+    assert flagged <= 0.05 * trials, flagged
+
+
+def test_few_blocks_are_inconclusive_and_constant_blocks_are_decided() -> None:
+    one = decide_paired("throughput", [([10.0, 10.0], [9.0, 9.0])], higher_is_better=True, rule=RULE)
+    assert one.verdict is Verdict.INCONCLUSIVE and "at least 2" in one.reason
+    constant = decide_paired("throughput", [([10.0, 10.0], [9.0, 9.0])] * 3, higher_is_better=True, rule=RULE)
+    assert constant.verdict is Verdict.REGRESSION and constant.effect_text == "-10.0%"
+    same = decide_paired("throughput", [([10.0], [10.0])] * 3, higher_is_better=True, rule=RULE)
+    assert same.verdict is Verdict.NO_CHANGE
+    with pytest.raises(ValueError, match="> 0"):
+        block_log_ratio([0.0], [1.0])
+
+
+def test_paired_t_matches_a_hand_computation() -> None:
+    d = [0.01, 0.03, 0.02, 0.04]
+    test = paired_t(d)
+    sd = math.sqrt(sum((x - 0.025) ** 2 for x in d) / 3)
+    assert test.mean_log_ratio == pytest.approx(0.025)
+    assert test.sd_log_ratio == pytest.approx(sd)
+    # t = 0.025 / (sd / 2) = 3.873 with 3 df: P(T > t) = 0.01522 (tables)
+    assert test.p_greater == pytest.approx(0.01522, abs=2e-4)
+    assert test.p_less == pytest.approx(1 - test.p_greater)
+    # 90% interval: t(0.05, 3) = 2.3534
+    assert test.ci_high_log - test.mean_log_ratio == pytest.approx(2.3534 * sd / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize("sd", [0.005, 0.02, 0.05, 0.1])
+def test_the_planner_needs_the_closed_form_blocks_or_a_few_more(sd: float) -> None:
+    n = blocks_needed(sd, 0.05, alpha=0.05, power=0.9)
+    closed = normal_blocks_needed(sd, 0.05, alpha=0.05, power=0.9)
+    assert n is not None and n >= 2
+    assert max(2, math.ceil(closed)) <= n <= math.ceil(closed) + 3  # Student's quantiles add a few
+    # and n blocks detect 5% while one block fewer does not
+    assert detectable_change(sd, n, 0.05) <= 0.05 + 1e-12
+    if n > 2:
+        assert detectable_change(sd, n - 1, 0.05) > 0.05
+
+
+def test_the_planner_by_hand_and_within_the_time() -> None:
+    # sd 0.02, 5%: n = 4, since sqrt(4) log(1.05) / 0.02 = 4.879 >= t(.05,3) + t(.1,3) = 2.353 + 1.638,
+    # and n = 3 gives 4.225 < 2.920 + 1.886.
+    assert blocks_needed(0.02, 0.05, alpha=0.05) == 4
+    calibration = [0.02, -0.02, 0.0]  # sd 0.02
+    p = plan(calibration, min_detectable=0.05, alpha=0.05, seconds_per_block=60.0, max_seconds=180.0)
+    assert (p.blocks_needed, p.blocks_in_time, p.blocks) == (4, 3, 3)
+    assert p.detectable > 0.05  # three blocks cannot see 5%: said before starting
+    assert "can detect" in p.text()
+    roomy = plan(calibration, min_detectable=0.05, alpha=0.05, seconds_per_block=60.0, max_seconds=3600.0)
+    assert roomy.blocks == 4 and roomy.detectable <= 0.05
+    with pytest.raises(ValueError, match="at least 2"):
+        plan([0.01], min_detectable=0.05, alpha=0.05)
+
+
+FAKE_RUN = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tests.test_compare import synthetic_run
+counter = Path({counter!r})
+n = int(counter.read_text()) if counter.exists() else 0
+counter.write_text(str(n + 1))
+# The machine slows by 1% a run (a drift common to both sides); the argument is the workload's own factor.
+synthetic_run(Path(os.environ["TUNEUP_DIR"]), 10.0 * float(sys.argv[1]) * (1 + 0.01 * n))
+"""
+
+
+@pytest.mark.slow  # 20 runs of a fake workload: about 7 s
+def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Path) -> None:
+    script = tmp_path / "fake_run.py"
+    script.write_text(
+        FAKE_RUN.format(root=str(Path(__file__).parent.parent), counter=str(tmp_path / "counter")),
+        encoding="utf-8",
+    )
+    result = cli(
+        "bench", "--ab", "--cmd", f"{sys.executable} {script} 1.05", "--baseline-cmd",
+        f"{sys.executable} {script} 1.0", "--calibrate-blocks", "2", "--blocks", "3", "--seed", "5",
+        "--metrics", "step_time", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"),
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "can detect" in result.stdout
+    assert "REGRESSION" in result.stdout
+    document = json.loads((tmp_path / "ab.json").read_text())
+    (step,) = document["metrics"]
+    assert step["verdict"] == "REGRESSION"
+    assert len(step["log_ratios"]) == 3
+    assert step["ratio"] == pytest.approx(1.05, rel=0.01)  # the drift cancels within A B B A
+    assert document["plan"]["calibration_blocks"] == 2
+    assert int((tmp_path / "counter").read_text()) == 4 * (2 + 3)

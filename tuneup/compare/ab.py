@@ -1,0 +1,431 @@
+"""Interleaved A/B in one job: the schedule, the decision on paired block differences, and the plan.
+
+The runs of a CI job drift with whatever else the runner does, and a drift of 20% over the minutes of a
+job hides a 5% change from a test that pools each side's runs. Here the runs come in blocks of four,
+A B B A or B A A B (the order of each block drawn from a seeded RNG, so neither side always goes first),
+and each block gives one figure: the log ratio of the candidate's (B) over the baseline's (A), each the
+mean of the logs of its two runs in the block, i.e. the ratio of geometric means. A drift that is linear
+over a block cancels exactly in A B B A (both sides' mean position is the block's middle); a slower drift
+cancels between blocks. The decision is a one-sided one-sample t-test on the block log ratios (Student's
+t from tuneup.compare.stats), the change exp(mean) - 1 with its 90% interval, and the verdict by the
+same rule as `tuneup compare` (tuneup.compare.rule): REGRESSION only when p < alpha AND the change is
+beyond the threshold.
+
+The threshold here is half the `--min-detectable` change and the run-to-run CV does not raise it: the
+paired test already carries the noise, and a threshold equal to the change to detect would catch it only
+half the time, since the measured change is as often below the true one as above it.
+
+The plan (`plan`): from an A/A calibration (the same workload on both sides) the standard deviation of
+the block log ratio, sd, gives the number of blocks n needed to detect a change d with power 0.9 at
+alpha: the smallest n with sqrt(n) x log(1 + d) / sd >= t(alpha, n - 1) + t(0.1, n - 1). This is the
+usual normal approximation of the power of a one-sided t-test with Student's quantiles in place of the
+normal's (it treats sd as known; with few calibration blocks sd is itself uncertain, so the power can be
+lower than planned). With the measured time per block and `--max-minutes`, it says before starting what
+change can be detected in the time given.
+
+No early stop: stopping at the first block whose test says p < alpha inflates the false-alarm rate well
+above alpha (each look is another chance), and a sequential rule with a proven error rate (alpha
+spending, an SPRT) is not built yet. The job runs the planned blocks and tests once.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
+
+from tuneup.compare.rule import (
+    Rule,
+    Verdict,
+    _change_text,
+    _p_text,
+    _signed_change,
+    _verdict,
+    effect_percent,
+)
+from tuneup.compare.stats import student_t_sf, t_quantile
+
+if TYPE_CHECKING:
+    from tuneup.compare.bench import Workload
+
+BASELINE = "baseline"  # side A
+CANDIDATE = "candidate"  # side B
+RUNS_PER_BLOCK = 4  # A B B A: two runs a side
+MIN_BLOCKS = 2  # a t-test needs a variance of the block figures
+DEFAULT_POWER = 0.9
+
+
+def schedule(blocks: int, seed: int) -> list[tuple[int, str]]:
+    """(block number from 0, side) in running order: each block A B B A or B A A B, drawn by `seed`."""
+    if blocks < 1:
+        raise ValueError(f"blocks must be at least 1, got {blocks}")
+    rng = random.Random(seed)
+    order: list[tuple[int, str]] = []
+    for block in range(blocks):
+        first, second = (BASELINE, CANDIDATE) if rng.random() < 0.5 else (CANDIDATE, BASELINE)
+        order.extend((block, side) for side in (first, second, second, first))
+    return order
+
+
+def block_log_ratio(baseline: Sequence[float], candidate: Sequence[float]) -> float:
+    """log(gm(candidate) / gm(baseline)) of one block's runs (ValueError for a value <= 0)."""
+    if not baseline or not candidate:
+        raise ValueError("a block needs at least one run a side")
+    if min(*baseline, *candidate) <= 0.0 or not all(math.isfinite(v) for v in (*baseline, *candidate)):
+        raise ValueError("block figures must be finite and > 0 (they are compared on a log scale)")
+    mean_log_b = math.fsum(math.log(v) for v in candidate) / len(candidate)
+    mean_log_a = math.fsum(math.log(v) for v in baseline) / len(baseline)
+    return mean_log_b - mean_log_a
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """One-sample t-test of the block log ratios against 0 (log values: B over A)."""
+
+    blocks: int
+    mean_log_ratio: float
+    sd_log_ratio: float
+    p_greater: float  # one-sided: B's figure is higher than A's
+    p_less: float
+    ci_low_log: float  # two-sided interval of the mean log ratio at `confidence`
+    ci_high_log: float
+
+
+def paired_t(log_ratios: Sequence[float], confidence: float = 0.90) -> PairedTest:
+    """The test on at least MIN_BLOCKS block log ratios. A constant set of ratios (no variance) is the
+    degenerate test, as `welch` takes it: p = 0 in the direction of a nonzero mean, 1 otherwise."""
+    n = len(log_ratios)
+    if n < MIN_BLOCKS:
+        raise ValueError(f"a paired test needs at least {MIN_BLOCKS} blocks, got {n}")
+    mean = math.fsum(log_ratios) / n
+    if min(log_ratios) == max(log_ratios):
+        mean = log_ratios[0]
+        return PairedTest(n, mean, 0.0, 0.0 if mean > 0 else 1.0, 0.0 if mean < 0 else 1.0, mean, mean)
+    sd = math.sqrt(math.fsum((d - mean) ** 2 for d in log_ratios) / (n - 1))
+    se = sd / math.sqrt(n)
+    t = mean / se
+    df = float(n - 1)
+    half = t_quantile((1.0 - confidence) / 2.0, df) * se
+    return PairedTest(n, mean, sd, student_t_sf(t, df), student_t_sf(-t, df), mean - half, mean + half)
+
+
+def ab_rule(alpha: float, min_detectable: float) -> Rule:
+    """The rule of an A/B: threshold and minimum effect half of the change to detect, no CV term (the
+    module's docs say why)."""
+    if not 0.0 < min_detectable < 1.0:
+        raise ValueError(f"--min-detectable must be a fraction in (0, 1) (0.05 = 5%), got {min_detectable}")
+    return Rule(alpha=alpha, min_effect=min_detectable / 2.0, cv_multiplier=0.0, resamples=0)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """One metric's verdict from the blocks. `ratio` is exp(mean block log ratio), B over A; `change` the
+    same as a signed fraction, positive = worse; the table and the sentence state it as `effect_text`."""
+
+    metric: str
+    unit: str
+    higher_is_better: bool
+    log_ratios: tuple[float, ...]
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    change: float | None
+    p_worse: float | None
+    p_better: float | None
+    sd_log_ratio: float | None
+    threshold: float
+    verdict: Verdict
+    reason: str
+
+    @property
+    def effect_text(self) -> str:
+        return "-" if self.ratio is None else effect_percent(self.ratio)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Verdict):
+                value = value.value
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        out["effect_text"] = self.effect_text
+        return out
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
+
+
+def decide_paired(
+    metric: str,
+    blocks: Sequence[tuple[Sequence[float], Sequence[float]]],
+    *,
+    higher_is_better: bool,
+    rule: Rule,
+    unit: str = "",
+) -> PairedComparison:
+    """The verdict on one metric from (baseline runs, candidate runs) of each block, by rule.py's
+    `_verdict` on the paired test's p-values and the ratio of its mean log ratio."""
+    log_ratios = tuple(block_log_ratio(a, b) for a, b in blocks)
+    threshold = rule.threshold(0.0)
+
+    def result(
+        verdict: Verdict, reason: str, test: PairedTest | None = None, **figures: Any
+    ) -> PairedComparison:
+        return PairedComparison(
+            metric=metric,
+            unit=unit,
+            higher_is_better=higher_is_better,
+            log_ratios=log_ratios,
+            threshold=threshold,
+            verdict=verdict,
+            reason=reason,
+            sd_log_ratio=None if test is None else test.sd_log_ratio,
+            **{
+                "ratio": None,
+                "ci_low": None,
+                "ci_high": None,
+                "change": None,
+                "p_worse": None,
+                "p_better": None,
+                **figures,
+            },
+        )
+
+    if len(log_ratios) < MIN_BLOCKS:
+        return result(
+            Verdict.INCONCLUSIVE,
+            f"{_blocks(len(log_ratios))}: a paired test needs at least {MIN_BLOCKS}, so no verdict",
+        )
+    test = paired_t(log_ratios, rule.confidence)
+    ratio = math.exp(test.mean_log_ratio)
+    change = _signed_change(ratio, higher_is_better)
+    p_worse, p_better = (test.p_less, test.p_greater) if higher_is_better else (test.p_greater, test.p_less)
+    verdict = _verdict(change, p_worse, p_better, threshold, rule)
+    p_direction = p_worse if change > 0 else p_better
+    significant = p_direction < rule.alpha
+    if significant and test.sd_log_ratio == 0.0:
+        evidence = "p = 0: the blocks do not vary"
+    else:
+        p_text = _p_text(p_direction, rule.alpha)
+        evidence = (
+            p_text if p_text.startswith("p <") else f"{p_text} {'<' if significant else '>='} {rule.alpha:g}"
+        )
+    seen = _change_text(metric, ratio)
+    paired = f"paired over {_blocks(test.blocks)}"
+    if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+        reason = f"{seen} ({evidence}, {paired}), beyond the {threshold:.1%} threshold"
+    elif verdict is Verdict.NO_CHANGE:
+        reason = f"{seen} ({evidence}, {paired}), within the {rule.min_effect:.1%} minimum effect"
+    else:
+        reason = (
+            f"{seen}, beyond the {threshold:.1%} threshold, but not significant ({evidence}, {paired}): "
+            "run more blocks"
+        )
+    return result(
+        verdict,
+        reason,
+        test,
+        ratio=ratio,
+        ci_low=math.exp(test.ci_low_log),
+        ci_high=math.exp(test.ci_high_log),
+        change=change,
+        p_worse=p_worse,
+        p_better=p_better,
+    )
+
+
+def _power_quantiles(blocks: int, alpha: float, power: float) -> float:
+    """t(alpha, n - 1) + t(1 - power, n - 1): the standardized distance a change must lie from 0."""
+    df = float(blocks - 1)
+    return t_quantile(alpha, df) + t_quantile(1.0 - power, df)
+
+
+def blocks_needed(
+    sd_log_ratio: float,
+    min_detectable: float,
+    alpha: float,
+    power: float = DEFAULT_POWER,
+    *,
+    max_blocks: int = 10_000,
+) -> int | None:
+    """The fewest blocks (at least MIN_BLOCKS) whose one-sided paired test detects a change of
+    `min_detectable` with `power` at `alpha`, given the A/A block log ratios' sd (the module's docs:
+    normal approximation with Student's quantiles); None if more than max_blocks would be needed."""
+    if sd_log_ratio < 0.0 or not math.isfinite(sd_log_ratio):
+        raise ValueError(f"the A/A sd must be finite and >= 0, got {sd_log_ratio}")
+    if not 0.5 < power < 1.0:
+        raise ValueError(f"power must be in (0.5, 1), got {power}")
+    effect = math.log1p(min_detectable)
+    for n in range(MIN_BLOCKS, max_blocks + 1):
+        if math.sqrt(n) * effect >= _power_quantiles(n, alpha, power) * sd_log_ratio:
+            return n
+    return None
+
+
+def detectable_change(sd_log_ratio: float, blocks: int, alpha: float, power: float = DEFAULT_POWER) -> float:
+    """The change (fraction) that `blocks` blocks detect with `power` at `alpha`: the inverse of
+    `blocks_needed`."""
+    if blocks < MIN_BLOCKS:
+        return math.inf
+    return math.expm1(_power_quantiles(blocks, alpha, power) * sd_log_ratio / math.sqrt(blocks))
+
+
+def normal_blocks_needed(sd_log_ratio: float, min_detectable: float, alpha: float, power: float) -> float:
+    """The textbook closed form with normal quantiles, ((z_alpha + z_beta) sd / log(1 + d))^2: the lower
+    bound that `blocks_needed` approaches for many blocks (for checking it)."""
+    z = NormalDist().inv_cdf
+    return ((z(1.0 - alpha) + z(power)) * sd_log_ratio / math.log1p(min_detectable)) ** 2
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the A/B will run and what it can see, from an A/A calibration."""
+
+    calibration_blocks: int
+    sd_log_ratio: float
+    seconds_per_block: float | None
+    min_detectable: float
+    blocks_needed: int | None  # None: more than any job would run
+    blocks_in_time: int | None  # None: no time limit given
+    blocks: int  # what will run
+    detectable: float  # the change those blocks detect with the power
+    power: float
+
+    def text(self) -> str:
+        lines = [
+            f"A/A calibration: {_blocks(self.calibration_blocks)}, sd of the block log ratio "
+            f"{self.sd_log_ratio:.4f} (about {math.expm1(self.sd_log_ratio):.1%} a block)"
+            + ("" if self.seconds_per_block is None else f", {self.seconds_per_block:.1f} s a block")
+        ]
+        needed = "more blocks than a job runs" if self.blocks_needed is None else _blocks(self.blocks_needed)
+        lines.append(
+            f"to detect {self.min_detectable:.1%} with power {self.power:g}: {needed} "
+            "(normal approximation with Student's quantiles)"
+        )
+        if self.blocks_in_time is not None:
+            lines.append(f"{_blocks(self.blocks_in_time)} fit in the time given")
+        lines.append(f"running {_blocks(self.blocks)}: can detect {self.detectable:.1%} in the time given")
+        return "\n".join(lines)
+
+
+def plan(
+    calibration_log_ratios: Sequence[float],
+    *,
+    min_detectable: float,
+    alpha: float,
+    seconds_per_block: float | None = None,
+    max_seconds: float | None = None,
+    blocks: int | None = None,
+    power: float = DEFAULT_POWER,
+) -> Plan:
+    """The blocks to run: `blocks` if given, else as many as detect `min_detectable`, no more than fit in
+    `max_seconds` (at least MIN_BLOCKS); and the change they can detect."""
+    if len(calibration_log_ratios) < MIN_BLOCKS:
+        raise ValueError(
+            f"an A/A calibration needs at least {MIN_BLOCKS} blocks, got {len(calibration_log_ratios)}"
+        )
+    sd = paired_t(calibration_log_ratios).sd_log_ratio
+    needed = blocks_needed(sd, min_detectable, alpha, power)
+    in_time = None
+    if max_seconds is not None and seconds_per_block is not None and seconds_per_block > 0:
+        in_time = max(0, int(max_seconds // seconds_per_block))
+    if blocks is None:
+        candidates = [n for n in (needed, in_time) if n is not None]
+        blocks = max(MIN_BLOCKS, min(candidates)) if candidates else 50
+    return Plan(
+        calibration_blocks=len(calibration_log_ratios),
+        sd_log_ratio=sd,
+        seconds_per_block=seconds_per_block,
+        min_detectable=min_detectable,
+        blocks_needed=needed,
+        blocks_in_time=in_time,
+        blocks=blocks,
+        detectable=detectable_change(sd, blocks, alpha, power),
+        power=power,
+    )
+
+
+def run_blocks(
+    baseline: Workload,
+    candidate: Workload,
+    blocks: int,
+    seed: int,
+    out_dir: Path,
+    *,
+    timeout_s: float,
+    echo: Callable[[str], None] = print,
+) -> tuple[list[dict[str, list[Path]]], float]:
+    """Run the schedule's blocks with bench's runner (`run_bench`: one run each, recorded through
+    TUNEUP_DIR); returns each block's run directories by side, in running order, and the mean seconds a
+    block took."""
+    from tuneup.compare.bench import Workload as _Workload
+    from tuneup.compare.bench import run_bench
+
+    workloads = {BASELINE: baseline, CANDIDATE: candidate}
+    runs: list[dict[str, list[Path]]] = [{BASELINE: [], CANDIDATE: []} for _ in range(blocks)]
+    started_s = time.monotonic()
+    order = schedule(blocks, seed)
+    for i, (block, side) in enumerate(order):
+        position = len(runs[block][side]) + 1
+        workload = workloads[side]
+        # Its own label per slot: run_bench keeps every label's runs in a directory of its own.
+        slot = _Workload(f"{side}-{position}", workload.command, workload.entry)
+        sets = run_bench(
+            [slot], 1, out_dir / f"block-{block + 1:02d}", timeout_s=timeout_s, echo=lambda _: None
+        )
+        runs[block][side].append(sets[slot.label] / "run-01")
+        if i % RUNS_PER_BLOCK == RUNS_PER_BLOCK - 1:
+            sides = " ".join("A" if s == BASELINE else "B" for _, s in order[i - 3 : i + 1])
+            echo(f"block {block + 1}/{blocks} ({sides}): {time.monotonic() - started_s:.1f} s so far")
+    return runs, (time.monotonic() - started_s) / blocks
+
+
+def exit_code(results: Sequence[PairedComparison], *, inconclusive_fails: bool, detailed: bool) -> int:
+    """As `tuneup compare`'s (tuneup.compare.compare.Comparison.exit_code): 1 regression; detailed: 3
+    inconclusive, 4 improvement; 0 otherwise."""
+    verdicts = {r.verdict for r in results}
+    if Verdict.REGRESSION in verdicts:
+        return 1
+    if detailed:
+        if Verdict.INCONCLUSIVE in verdicts:
+            return 3
+        return 4 if Verdict.IMPROVEMENT in verdicts else 0
+    return 1 if inconclusive_fails and Verdict.INCONCLUSIVE in verdicts else 0
+
+
+def verdict_word(results: Sequence[PairedComparison]) -> str:
+    """The gate's word, as the CI history keeps it (regression, inconclusive, improvement, no_change)."""
+    verdicts = {r.verdict for r in results}
+    if Verdict.REGRESSION in verdicts:
+        return "regression"
+    if Verdict.INCONCLUSIVE in verdicts:
+        return "inconclusive"
+    return "improvement" if Verdict.IMPROVEMENT in verdicts else "no_change"
+
+
+def format_table(results: Sequence[PairedComparison]) -> str:
+    """The verdicts: one effect figure a metric (the table's and the sentence's), its interval and p."""
+    from tuneup.report.format import aligned_table
+
+    rows = []
+    for r in results:
+        interval = (
+            "-"
+            if r.ci_low is None or r.ci_high is None
+            else f"{effect_percent(r.ci_low)} .. {effect_percent(r.ci_high)}"
+        )
+        p = "-" if r.p_worse is None else f"{r.p_worse:.3g}"
+        rows.append([r.metric, r.effect_text, interval, p, f"{r.threshold:.1%}", r.verdict.value])
+    header = ["metric", "change", "90% interval", "p (worse)", "threshold", "verdict"]
+    lines = aligned_table(header, rows, right={1, 2, 3, 4})
+    lines.append("")
+    lines.extend(f"{r.verdict.value}: {r.reason}" for r in results)
+    return "\n".join(lines)
