@@ -313,6 +313,12 @@ class Plan:
         if self.blocks_in_time is not None:
             lines.append(f"{_blocks(self.blocks_in_time)} fit in the time given")
         lines.append(f"running {_blocks(self.blocks)}: can detect {self.detectable:.1%} in the time given")
+        if self.detectable > self.min_detectable and self.blocks_needed and self.seconds_per_block:
+            minutes = self.blocks_needed * self.seconds_per_block / 60.0
+            lines.append(
+                f"not {self.min_detectable:.1%}: that needs {_blocks(self.blocks_needed)}, about "
+                f"{minutes:.1f} min after the calibration (raise --max-minutes)"
+            )
         return "\n".join(lines)
 
 
