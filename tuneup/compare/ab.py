@@ -223,7 +223,8 @@ def decide_paired(
     if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         reason = f"{seen} ({evidence}, {paired}), beyond the {threshold:.1%} threshold"
     elif verdict is Verdict.NO_CHANGE:
-        reason = f"{seen} ({evidence}, {paired}), within the {rule.min_effect:.1%} minimum effect"
+        real = ": a real change, but" if significant else ","
+        reason = f"{seen} ({evidence}, {paired}){real} within the {rule.min_effect:.1%} minimum effect"
     else:
         reason = (
             f"{seen}, beyond the {threshold:.1%} threshold, but not significant ({evidence}, {paired}): "
