@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 from tuneup.compare.rule import (
     Rule,
     Verdict,
-    _change_text,
-    _p_text,
-    _signed_change,
-    _verdict,
+    change_text,
     effect_percent,
+    p_value_text,
+    signed_change,
+    verdict_for,
 )
 from tuneup.compare.stats import student_t_sf, t_quantile
 
@@ -172,7 +172,7 @@ def decide_paired(
     unit: str = "",
 ) -> PairedComparison:
     """The verdict on one metric from (baseline runs, candidate runs) of each block, by rule.py's
-    `_verdict` on the paired test's p-values and the ratio of its mean log ratio."""
+    `verdict_for` on the paired test's p-values and the ratio of its mean log ratio."""
     log_ratios = tuple(block_log_ratio(a, b) for a, b in blocks)
     threshold = rule.threshold(0.0)
 
@@ -206,19 +206,19 @@ def decide_paired(
         )
     test = paired_t(log_ratios, rule.confidence)
     ratio = math.exp(test.mean_log_ratio)
-    change = _signed_change(ratio, higher_is_better)
+    change = signed_change(ratio, higher_is_better)
     p_worse, p_better = (test.p_less, test.p_greater) if higher_is_better else (test.p_greater, test.p_less)
-    verdict = _verdict(change, p_worse, p_better, threshold, rule)
+    verdict = verdict_for(change, p_worse, p_better, threshold, rule)
     p_direction = p_worse if change > 0 else p_better
     significant = p_direction < rule.alpha
     if significant and test.sd_log_ratio == 0.0:
         evidence = "p = 0: the blocks do not vary"
     else:
-        p_text = _p_text(p_direction, rule.alpha)
+        p_text = p_value_text(p_direction, rule.alpha)
         evidence = (
             p_text if p_text.startswith("p <") else f"{p_text} {'<' if significant else '>='} {rule.alpha:g}"
         )
-    seen = _change_text(metric, ratio)
+    seen = change_text(metric, ratio)
     paired = f"paired over {_blocks(test.blocks)}"
     if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         reason = f"{seen} ({evidence}, {paired}), beyond the {threshold:.1%} threshold"

@@ -194,7 +194,7 @@ def _counts(n_baseline: int, n_candidate: int) -> str:
     return f"{_runs(n_baseline)} on the baseline and {_runs(n_candidate)} on the candidate"
 
 
-def _p_text(p: float, alpha: float) -> str:
+def p_value_text(p: float, alpha: float) -> str:
     """p with as few digits as keep its side of alpha visible (0.0496 must not print as 0.05 < 0.05)."""
     if p == 0.0:
         return "p = 0"
@@ -211,11 +211,11 @@ def _p_text(p: float, alpha: float) -> str:
 
 def effect_percent(ratio: float) -> str:
     """The candidate's change as the table states it: '+21.3%', '-4.0%'. The sentence states the same
-    digits (`_change_text`), and the threshold is compared with the same ratio's distance from 1."""
+    digits (`change_text`), and the threshold is compared with the same ratio's distance from 1."""
     return f"{ratio - 1.0:+.1%}"
 
 
-def _change_text(metric: str, geometric_ratio: float) -> str:
+def change_text(metric: str, geometric_ratio: float) -> str:
     if geometric_ratio == 1.0:
         return f"{metric} unchanged"
     word = "higher" if geometric_ratio > 1.0 else "lower"
@@ -242,11 +242,11 @@ def _geometric_ratio(log_baseline: Sequence[float], log_candidate: Sequence[floa
     return _exp(math.fsum(log_candidate) / len(log_candidate) - math.fsum(log_baseline) / len(log_baseline))
 
 
-def _signed_change(geometric_ratio: float, higher_is_better: bool) -> float:
+def signed_change(geometric_ratio: float, higher_is_better: bool) -> float:
     return 1.0 - geometric_ratio if higher_is_better else geometric_ratio - 1.0
 
 
-def _verdict(change: float, p_worse: float, p_better: float, threshold: float, rule: Rule) -> Verdict:
+def verdict_for(change: float, p_worse: float, p_better: float, threshold: float, rule: Rule) -> Verdict:
     """The rule itself, shared by `decide` and `simulate_flag_rate` so that the simulation measures it."""
     if p_worse < rule.alpha and change > threshold:
         return Verdict.REGRESSION
@@ -313,7 +313,7 @@ def decide(
     ratio = geometric_ratio
     baseline_mean = _exp(math.fsum(log_base) / len(log_base)) if base else None
     candidate_mean = _exp(math.fsum(log_cand) / len(log_cand)) if cand else None
-    change = None if geometric_ratio is None else _signed_change(geometric_ratio, higher_is_better)
+    change = None if geometric_ratio is None else signed_change(geometric_ratio, higher_is_better)
     baseline_cv = coefficient_of_variation(base) if len(base) >= MIN_RUNS_FOR_TEST else None
     threshold = rule.threshold(baseline_cv or 0.0)
     exact = (
@@ -360,13 +360,13 @@ def decide(
         tolerance = f"the {threshold:.1%} tolerance of a figure that repeats from run to run"
         if abs(change) <= threshold:
             return result(
-                Verdict.NO_CHANGE, f"{_change_text(metric, geometric_ratio)}: within {tolerance} ({runs})"
+                Verdict.NO_CHANGE, f"{change_text(metric, geometric_ratio)}: within {tolerance} ({runs})"
             )
         verdict = Verdict.REGRESSION if change > 0 else Verdict.IMPROVEMENT
-        return result(verdict, f"{_change_text(metric, geometric_ratio)}: beyond {tolerance} ({runs})")
+        return result(verdict, f"{change_text(metric, geometric_ratio)}: beyond {tolerance} ({runs})")
 
     if len(base) < MIN_RUNS_FOR_TEST or len(cand) < MIN_RUNS_FOR_TEST:
-        seen = "" if geometric_ratio is None else f"{_change_text(metric, geometric_ratio)} on "
+        seen = "" if geometric_ratio is None else f"{change_text(metric, geometric_ratio)} on "
         return result(
             Verdict.INCONCLUSIVE,
             f"{seen}{_runs(len(base))} on the baseline and {_runs(len(cand))} on the candidate: "
@@ -380,16 +380,16 @@ def decide(
     gain = geometric_gain(base, cand, rule.confidence) if rule.resamples > 0 else None
     if gain is not None and gain[1] is not None and gain[2] is not None:
         ci = (1.0 + gain[1], 1.0 + gain[2])
-    verdict = _verdict(change, p_worse, p_better, threshold, rule)
+    verdict = verdict_for(change, p_worse, p_better, threshold, rule)
     alpha = f"{rule.alpha:g}"
-    seen = _change_text(metric, geometric_ratio)
+    seen = change_text(metric, geometric_ratio)
     beyond = _threshold_text(rule, baseline_cv, threshold)
     p_direction = p_worse if change > 0 else p_better  # the test of the direction the data moved
     significant = p_direction < rule.alpha
     if significant and min(base) == max(base) and min(cand) == max(cand):
         evidence = "p = 0: neither side varies"  # the degenerate test (see `welch`), said plainly
     else:
-        p_text = _p_text(p_direction, rule.alpha)
+        p_text = p_value_text(p_direction, rule.alpha)
         # "p < 0.001" already says its side of alpha; an exact p says it against alpha.
         evidence = p_text if p_text.startswith("p <") else f"{p_text} {'<' if significant else '>='} {alpha}"
     if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
@@ -397,7 +397,7 @@ def decide(
     elif verdict is Verdict.NO_CHANGE and significant:
         reason = f"{seen} ({evidence}): a real change, but within the {rule.min_effect:.1%} minimum effect"
     elif verdict is Verdict.NO_CHANGE:
-        reason = f"{seen} ({_p_text(p_direction, rule.alpha)}), within {beyond}"
+        reason = f"{seen} ({p_value_text(p_direction, rule.alpha)}), within {beyond}"
     elif significant:
         # Real, beyond min_effect, but no larger than single runs vary: calling it NO CHANGE hid a 23%
         # slowdown; calling it a REGRESSION would flag the noise of a noisy runner.
@@ -430,7 +430,7 @@ def simulate_flag_rate(
 
     Each trial draws `runs` baseline and `runs` candidate throughputs (higher is better) with lognormal
     run-to-run noise of coefficient of variation `cv` (sigma = sqrt(log(1 + cv^2))), the candidate's
-    scaled by (1 - slowdown), and applies the rule's test, threshold and verdict (`_verdict`, as `decide`
+    scaled by (1 - slowdown), and applies the rule's test, threshold and verdict (`verdict_for`, as `decide`
     does; the bootstrap interval, which no verdict uses, is skipped). slowdown = 0 measures the false
     alarm rate, slowdown > 0 the power. Seeded: the same arguments give the same rate.
     """
@@ -451,6 +451,6 @@ def simulate_flag_rate(
         log_cand = [shift + rng.gauss(0.0, sigma) for _ in range(runs)]
         threshold = rule.threshold(coefficient_of_variation([math.exp(v) for v in log_base]))
         p_worse, p_better = _log_test(log_base, log_cand, higher_is_better=True)
-        change = _signed_change(_geometric_ratio(log_base, log_cand), higher_is_better=True)
-        flagged += _verdict(change, p_worse, p_better, threshold, rule) is Verdict.REGRESSION
+        change = signed_change(_geometric_ratio(log_base, log_cand), higher_is_better=True)
+        flagged += verdict_for(change, p_worse, p_better, threshold, rule) is Verdict.REGRESSION
     return flagged / trials
