@@ -34,7 +34,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,7 @@ from tuneup.compare.rule import (
     effect_percent,
     p_value_text,
     signed_change,
+    verdict_fields,
     verdict_for,
 )
 from tuneup.compare.stats import student_t_sf, t_quantile
@@ -147,16 +148,7 @@ class PairedComparison:
         return "-" if self.ratio is None else effect_percent(self.ratio)
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Verdict):
-                value = value.value
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
-        out["effect_text"] = self.effect_text
-        return out
+        return {**verdict_fields(self), "effect_text": self.effect_text}
 
 
 def _blocks(n: int) -> str:

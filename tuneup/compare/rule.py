@@ -123,6 +123,22 @@ class Rule:
         )
 
 
+def verdict_fields(comparison: Any) -> dict[str, Any]:
+    """A comparison's fields for JSON: the verdict as its text, tuples as lists, and a figure that overflowed
+    (only possible for values near the float limits) as None, since JSON has no infinity."""
+    out: dict[str, Any] = {}
+    for f in fields(comparison):
+        value = getattr(comparison, f.name)
+        if isinstance(value, Verdict):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            value = None
+        out[f.name] = value
+    return out
+
+
 @dataclass(frozen=True)
 class MetricComparison:
     """One metric's verdict and the figures behind it.
@@ -164,19 +180,7 @@ class MetricComparison:
         return "-" if self.ratio is None else effect_percent(self.ratio)
 
     def as_dict(self) -> dict[str, Any]:
-        """For JSON: the verdict as its text, tuples as lists, and a figure that overflowed (only possible
-        for values near the float limits) as None, since JSON has no infinity."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Verdict):
-                value = value.value
-            elif isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, float) and not math.isfinite(value):
-                value = None
-            out[f.name] = value
-        return out
+        return verdict_fields(self)
 
 
 def _exp(x: float) -> float:
