@@ -214,8 +214,11 @@ def _real_run(run_dir: Path, namespace: str, batch: int, lr: float) -> None:
             self.net = torch.nn.Linear(8, 2)
 
         def training_step(self, b, _i):  # type: ignore[no-untyped-def]
-            # A step's compute grows with its batch, as on a real model: a tiny Linear's does not.
-            time.sleep(len(b[0]) * COMPUTE_S_PER_SAMPLE)
+            # A step's compute grows with its batch, as on a real model: a tiny Linear's does not. The fixed
+            # part is what a bigger batch amortizes: without it the two runs' samples/s differed by the
+            # trainer's own ~1 ms a step, which a sleep's overshoot on a busy host could cancel (the bigger
+            # batch came out within 5% of the smaller, twice in CI).
+            time.sleep(COMPUTE_S_PER_STEP + len(b[0]) * COMPUTE_S_PER_SAMPLE)
             return torch.nn.functional.cross_entropy(self.net(b[0]), b[1])
 
         def validation_step(self, b, _i):  # type: ignore[no-untyped-def]
@@ -250,6 +253,7 @@ def _real_run(run_dir: Path, namespace: str, batch: int, lr: float) -> None:
 STEPS = 90
 TARGET = "val_loss<=0.35"  # at lr 0.2, batch 16 reaches it near step 20; at lr 0.05, batch 128 near step 70
 COMPUTE_S_PER_SAMPLE = 0.0002
+COMPUTE_S_PER_STEP = 0.004  # batch 16: 7.2 ms a step, batch 128: 29.6 ms, so about 1.9x the samples/s
 
 
 @pytest.fixture(scope="module", params=["lightning", "pytorch_lightning"])
