@@ -44,7 +44,7 @@ from tuneup.compare.rule import (
     Verdict,
     change_text,
     effect_percent,
-    p_value_text,
+    evidence_text,
     signed_change,
     verdict_fields,
     verdict_for,
@@ -206,10 +206,7 @@ def decide_paired(
     if significant and test.sd_log_ratio == 0.0:
         evidence = "p = 0: the blocks do not vary"
     else:
-        p_text = p_value_text(p_direction, rule.alpha)
-        evidence = (
-            p_text if p_text.startswith("p <") else f"{p_text} {'<' if significant else '>='} {rule.alpha:g}"
-        )
+        evidence = evidence_text(p_direction, rule.alpha)
     seen = change_text(metric, ratio)
     paired = f"paired over {_blocks(test.blocks)}"
     if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):

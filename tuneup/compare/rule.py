@@ -213,6 +213,13 @@ def p_value_text(p: float, alpha: float) -> str:
     return f"p = {text}"
 
 
+def evidence_text(p: float, alpha: float) -> str:
+    """p against alpha as a verdict's reason states it: 'p = 0.019 < 0.05', 'p = 0.12 >= 0.05'; 'p < 0.001'
+    already says its side of alpha."""
+    text = p_value_text(p, alpha)
+    return text if text.startswith("p <") else f"{text} {'<' if p < alpha else '>='} {alpha:g}"
+
+
 def effect_percent(ratio: float) -> str:
     """The candidate's change as the table states it: '+21.3%', '-4.0%'. The sentence states the same
     digits (`change_text`), and the threshold is compared with the same ratio's distance from 1."""
@@ -385,7 +392,6 @@ def decide(
     if gain is not None and gain[1] is not None and gain[2] is not None:
         ci = (1.0 + gain[1], 1.0 + gain[2])
     verdict = verdict_for(change, p_worse, p_better, threshold, rule)
-    alpha = f"{rule.alpha:g}"
     seen = change_text(metric, geometric_ratio)
     beyond = _threshold_text(rule, baseline_cv, threshold)
     p_direction = p_worse if change > 0 else p_better  # the test of the direction the data moved
@@ -393,9 +399,7 @@ def decide(
     if significant and min(base) == max(base) and min(cand) == max(cand):
         evidence = "p = 0: neither side varies"  # the degenerate test (see `welch`), said plainly
     else:
-        p_text = p_value_text(p_direction, rule.alpha)
-        # "p < 0.001" already says its side of alpha; an exact p says it against alpha.
-        evidence = p_text if p_text.startswith("p <") else f"{p_text} {'<' if significant else '>='} {alpha}"
+        evidence = evidence_text(p_direction, rule.alpha)
     if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         reason = f"{seen} ({evidence}), beyond {beyond}"
     elif verdict is Verdict.NO_CHANGE and significant:
