@@ -66,14 +66,15 @@ class _Seconds:
     by_category: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BADPUT_CATEGORIES, 0.0))
 
 
-def _late_rank_waits_s(ranks: list[RankRecord]) -> dict[int, float]:
+def _late_rank_waits_s(step_totals: dict[int, dict[str, tuple[float, int]]]) -> dict[int, float]:
     """Each rank's wait at the collectives for a late rank: its exposed collective time per step above the
-    least-waiting rank's (the last to arrive waits least; what it waits is the transfer), over its steps."""
+    least-waiting rank's (the last to arrive waits least; what it waits is the transfer), over its steps.
+    `step_totals` is each rank's `step_total_s` by step metric."""
     per_step = {}
-    for rec in ranks:
-        exposed_s, steps = step_total_s(rec, "comm_exposed_ms")
+    for rank, totals in step_totals.items():
+        exposed_s, steps = totals["comm_exposed_ms"]
         if steps and exposed_s > 0:
-            per_step[rec.rank] = (exposed_s / steps, steps)
+            per_step[rank] = (exposed_s / steps, steps)
     if len(per_step) < 2:
         return {}
     least = min(mean for mean, _ in per_step.values())
@@ -119,12 +120,16 @@ def _fit_parts_s(rec: RankRecord) -> dict[str, float]:
 
 
 def _rank_seconds(
-    rec: RankRecord, span_s: float, late_wait_s: float, redone: dict[str, float]
+    rec: RankRecord,
+    span_s: float,
+    step_totals: dict[str, tuple[float, int]],
+    late_wait_s: float,
+    redone: dict[str, float],
 ) -> dict[str, float]:
-    """One rank's seconds by category, adding up to the run's span; `redone` is what `_redone_steps_s` gives
-    for the steps of this rank that a later segment did again."""
+    """One rank's seconds by category, adding up to the run's span; `step_totals` is its `step_total_s` by
+    step metric, `redone` what `_redone_steps_s` gives for its steps that a later segment did again."""
     parts = _fit_parts_s(rec)
-    total = {m: step_total_s(rec, m)[0] - redone.get(m, 0.0) for m in _STEP_METRICS}
+    total = {m: step_totals[m][0] - redone.get(m, 0.0) for m in _STEP_METRICS}
     # The parts of the steps that are not productive, in this order, each within what is left of the steps:
     # the redone steps whole (waits and all), then the waits of the others.
     inside = {
@@ -167,11 +172,14 @@ def _segment_seconds(run: Run, redone_from_step: int | None) -> tuple[_Seconds, 
     t0, t_end = run_span(run)
     span_s = max(0.0, t_end - t0)
     ranks = [rec for _, rec in sorted(run.ranks.items())]
-    waits = _late_rank_waits_s(ranks)
+    # One pass over each rank's windows per metric, for the late-rank waits and the rank's own split alike.
+    step_totals = {rec.rank: {m: step_total_s(rec, m) for m in _STEP_METRICS} for rec in ranks}
+    waits = _late_rank_waits_s(step_totals)
     out = _Seconds(world_size=run.world_size)
     for rec in ranks:
         redone = _redone_steps_s(rec, redone_from_step)
-        for name, value in _rank_seconds(rec, span_s, waits.get(rec.rank, 0.0), redone).items():
+        seconds = _rank_seconds(rec, span_s, step_totals[rec.rank], waits.get(rec.rank, 0.0), redone)
+        for name, value in seconds.items():
             out.by_category[name] += value / len(ranks)
     return out, t0, t_end
 
