@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from tuneup.compare.stats import welch
 # The tests' shared CLI runner; the tests directory is no package, so found by path (either pytest entry).
 sys.path.insert(0, str(Path(__file__).parent))
 from test_compare import cli
+from test_compare_ci import schema_errors
 
 RULE = ab_rule(alpha=0.05, min_detectable=0.05)
 
@@ -182,6 +185,7 @@ def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Pat
         "bench", "--ab", "--cmd", f"{sys.executable} {script} 1.05", "--baseline-cmd",
         f"{sys.executable} {script} 1.0", "--calibrate-blocks", "2", "--blocks", "3", "--seed", "5",
         "--metrics", "step_time", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"),
+        "--markdown", str(tmp_path / "ab.md"), "--junit", str(tmp_path / "ab.xml"),
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
@@ -194,3 +198,75 @@ def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Pat
     assert step["ratio"] == pytest.approx(1.05, rel=0.01)  # the drift cancels within A B B A
     assert document["plan"]["calibration_blocks"] == 2
     assert int((tmp_path / "counter").read_text()) == 4 * (2 + 3)
+    # The two sides' run directories have names of one length (the environment's size moves the stack).
+    block = tmp_path / "out" / "ab" / "block-01"
+    assert sorted(p.name for p in block.iterdir()) == ["A-1", "A-2", "B-1", "B-2"]
+    # The CI formats state the same verdict and effect figure as the table.
+    effect = next(line for line in result.stdout.splitlines() if line.startswith("step time")).split()[2]
+    markdown = (tmp_path / "ab.md").read_text()
+    assert markdown.startswith("**tuneup bench --ab: 1 regression(s)**")
+    assert f"| step time | **REGRESSION** | {effect} |" in markdown
+    assert "- 3 blocks of A B B A or B A A B, order drawn with seed 5" in markdown
+    assert "can detect" in markdown and "paired t-test" in markdown
+    suite = ET.fromstring((tmp_path / "ab.xml").read_text())
+    assert schema_errors(suite) == []
+    assert (suite.get("name"), suite.get("tests"), suite.get("failures")) == ("tuneup bench --ab", "1", "1")
+    failure = suite.find("testcase/failure")
+    assert (
+        failure is not None and failure.get("message") == f"step time: REGRESSION, {effect} (threshold 2.5%)"
+    )
+
+
+WORK = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tests.test_compare import synthetic_run
+import speed  # from the tree the command runs in: the baseline's worktree on PYTHONPATH, first
+synthetic_run(Path(os.environ["TUNEUP_DIR"]), 10.0 * speed.FACTOR)
+"""
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True
+    )
+
+
+@pytest.mark.slow  # 8 runs of a fake workload and a git worktree: about 4 s
+def test_baseline_ref_runs_the_baseline_from_its_own_worktree(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "work.py").write_text(WORK.format(root=str(Path(__file__).parent.parent)), encoding="utf-8")
+    (repo / "speed.py").write_text("FACTOR = 1.0\n", encoding="utf-8")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "baseline")
+    # The candidate is the checkout's own state, 20% slower and not even committed.
+    (repo / "speed.py").write_text("FACTOR = 1.2\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = cli(
+        "bench", "--ab", "--cmd", f"{sys.executable} work.py", "--baseline-ref", "HEAD",
+        "--baseline-setup", "echo set up > setup.txt", "--calibrate-blocks", "0", "--blocks", "2",
+        "--metrics", "step_time", "--out", str(out), "--json", str(tmp_path / "ab.json"),
+        cwd=repo, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    (step,) = json.loads((tmp_path / "ab.json").read_text())["metrics"]
+    assert step["ratio"] == pytest.approx(1.2, rel=0.01)
+    # The worktree is gone afterwards, and git no longer lists it.
+    assert not (out / "baseline-tree").exists()
+    listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
+    assert len(listed.splitlines()) == 1
+    # A ref git does not know: exit 2, naming it and the fetch that would bring it, before any run.
+    missing = cli(
+        "bench", "--ab", "--cmd", f"{sys.executable} work.py", "--baseline-ref", "no-such-branch",
+        "--blocks", "2", "--calibrate-blocks", "0", "--out", str(tmp_path / "out2"), cwd=repo,
+    )  # fmt: skip
+    assert missing.returncode == 2
+    assert "'no-such-branch': no such commit" in missing.stderr and "git fetch" in missing.stderr
+    # Outside a repository.
+    outside = cli(
+        "bench", "--cmd", "true", "--baseline-ref", "main", "--out", str(tmp_path / "out3"), cwd=tmp_path
+    )
+    assert outside.returncode == 2 and "needs a git checkout" in outside.stderr

@@ -30,6 +30,7 @@ spending, an SPRT) is not built yet. The job runs the planned blocks and tests o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
 BASELINE = "baseline"  # side A
 CANDIDATE = "candidate"  # side B
+SLOT = {BASELINE: "A", CANDIDATE: "B"}  # the run directories' names: block-01/A-1/run-01
 RUNS_PER_BLOCK = 4  # A B B A: two runs a side
 MIN_BLOCKS = 2  # a t-test needs a variance of the block figures
 DEFAULT_POWER = 0.9
@@ -362,7 +364,6 @@ def run_blocks(
     """Run the schedule's blocks with bench's runner (`run_bench`: one run each, recorded through
     TUNEUP_DIR); returns each block's run directories by side, in running order, and the mean seconds a
     block took."""
-    from tuneup.compare.bench import Workload as _Workload
     from tuneup.compare.bench import run_bench
 
     workloads = {BASELINE: baseline, CANDIDATE: candidate}
@@ -372,14 +373,18 @@ def run_blocks(
     for i, (block, side) in enumerate(order):
         position = len(runs[block][side]) + 1
         workload = workloads[side]
-        # Its own label per slot: run_bench keeps every label's runs in a directory of its own.
-        slot = _Workload(f"{side}-{position}", workload.command, workload.entry)
+        # Its own label per slot: run_bench keeps every label's runs in a directory of its own. The two
+        # sides' labels are of one length (A-1, B-1): the run directory reaches the workload through the
+        # environment, and an environment one byte longer moves the process's stack and can change its
+        # speed by itself (Mytkowicz et al., "Producing wrong data without doing anything obviously
+        # wrong!", ASPLOS 2009), a bias that no number of blocks would average out.
+        slot = dataclasses.replace(workload, label=f"{SLOT[side]}-{position}")
         sets = run_bench(
             [slot], 1, out_dir / f"block-{block + 1:02d}", timeout_s=timeout_s, echo=lambda _: None
         )
         runs[block][side].append(sets[slot.label] / "run-01")
         if i % RUNS_PER_BLOCK == RUNS_PER_BLOCK - 1:
-            sides = " ".join("A" if s == BASELINE else "B" for _, s in order[i - 3 : i + 1])
+            sides = " ".join(SLOT[s] for _, s in order[i - 3 : i + 1])
             echo(f"block {block + 1}/{blocks} ({sides}): {time.monotonic() - started_s:.1f} s so far")
     return runs, (time.monotonic() - started_s) / blocks
 
@@ -425,3 +430,80 @@ def format_table(results: Sequence[PairedComparison]) -> str:
     lines.append("")
     lines.extend(f"{r.verdict.value}: {r.reason}" for r in results)
     return "\n".join(lines)
+
+
+def describe_rule(rule: Rule) -> str:
+    """The A/B's rule in words (Rule.describe states `tuneup compare`'s unpaired one)."""
+    return (
+        f"one-sided paired t-test on the blocks' log ratios, p < {rule.alpha:g}, and a change beyond "
+        f"{rule.threshold(0.0):.1%} (half the change to detect)"
+    )
+
+
+def gate_head(results: Sequence[PairedComparison]) -> str:
+    """The summary's first line: how many metrics regressed, and how many are undecided."""
+    regressions = sum(r.verdict is Verdict.REGRESSION for r in results)
+    inconclusive = sum(r.verdict is Verdict.INCONCLUSIVE for r in results)
+    head = (
+        f"tuneup bench --ab: {regressions} regression(s)"
+        if regressions
+        else "tuneup bench --ab: no regression"
+    )
+    return head + (f" ({inconclusive} inconclusive)" if inconclusive else "")
+
+
+def format_markdown(
+    results: Sequence[PairedComparison],
+    *,
+    baseline: str,
+    candidate: str,
+    blocks: int,
+    seed: int,
+    rule: Rule,
+    plan: Plan | None,
+) -> str:
+    """For a GitHub job summary or a pull-request comment: the verdicts (one effect figure a metric, as
+    the table), the two sides, the blocks and what they could detect."""
+    from tuneup.report.markdown import markdown_text
+
+    header = ["metric", "verdict", "change", "90% interval", "p (worse)", "threshold"]
+    lines = [f"**{gate_head(results)}**", ""]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("| --- | --- | " + " | ".join("---:" for _ in header[2:]) + " |")
+    for r in results:
+        interval = (
+            "-"
+            if r.ci_low is None or r.ci_high is None
+            else f"{effect_percent(r.ci_low)} .. {effect_percent(r.ci_high)}"
+        )
+        verdict = (
+            f"**{r.verdict.value}**"
+            if r.verdict in (Verdict.REGRESSION, Verdict.INCONCLUSIVE)
+            else r.verdict.value
+        )
+        p = "-" if r.p_worse is None else f"{r.p_worse:.3g}"
+        cells = [
+            markdown_text(r.metric),
+            verdict,
+            *map(markdown_text, (r.effect_text, interval, p)),
+            f"{r.threshold:.1%}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.extend(
+        f"- {markdown_text(r.metric)}: **{r.verdict.value}**, {markdown_text(r.effect_text)}: {markdown_text(r.reason)}"
+        for r in results
+    )
+
+    def code(text: str) -> str:
+        return markdown_text(text) if "`" in text else f"`{text}`"
+
+    lines.append(f"- baseline (A): {code(baseline)}")
+    lines.append(f"- candidate (B): {code(candidate)}")
+    lines.append(f"- {_blocks(blocks)} of A B B A or B A A B, order drawn with seed {seed}")
+    if plan is not None:
+        lines.extend(f"- {markdown_text(line)}" for line in plan.text().splitlines())
+    else:
+        lines.append("- no A/A calibration: what change these blocks can detect is not known")
+    lines.append(f"- rule: {markdown_text(describe_rule(rule))}")
+    return "\n".join(lines) + "\n"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuneup.launch import CAPTURE, run_tree
@@ -28,6 +28,9 @@ class Workload:
     label: str  # "candidate" or "baseline": the subdirectory its runs go to
     command: str | None = None
     entry: str | None = None
+    # Where it runs and what it adds to the environment: the baseline's worktree (--baseline-ref).
+    cwd: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.entry is None):
@@ -47,7 +50,8 @@ class Workload:
 
     @property
     def shown(self) -> str:
-        return self.command if self.command is not None else f"entry point {self.entry}"
+        what = self.command if self.command is not None else f"entry point {self.entry}"
+        return what if self.cwd is None else f"{what} (in {self.cwd})"
 
     def argv(self) -> list[str]:
         if self.command is not None:
@@ -87,10 +91,10 @@ def run_bench(
             )
     for n, workload in interleaved(workloads, runs):
         run_dir = sets[workload.label] / f"run-{n:02d}"
-        env = {**os.environ, ENV_RUN_DIR: str(run_dir.resolve())}
+        env = {**os.environ, **workload.env, ENV_RUN_DIR: str(run_dir.resolve())}
         try:
             # Its own session: a timeout ends a torchrun's or Lightning's ranks too, not only the launcher.
-            run = run_tree(workload.argv(), env=env, output=CAPTURE, timeout_s=timeout_s)
+            run = run_tree(workload.argv(), env=env, cwd=workload.cwd, output=CAPTURE, timeout_s=timeout_s)
         except FileNotFoundError as exc:
             raise BenchError(
                 f"{workload.label}: cannot run {workload.shown!r} ({exc.strerror or exc})"

@@ -12,6 +12,7 @@ fail on an improvement.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -149,6 +150,19 @@ def add_commands(sub: Any, usage_error: type[Exception]) -> None:
         "--baseline-entry", metavar="MODULE:FUNCTION", help="the baseline workload, an entry point"
     )
     bench.add_argument("--baseline", metavar="PATH", help="or compare with recorded runs or a baseline file")
+    bench.add_argument(
+        "--baseline-ref",
+        metavar="REF",
+        help="run the baseline from this git commit or branch (main, origin/main), checked out in a worktree "
+        "of its own under --out: the candidate's command (or --baseline-cmd/--baseline-entry) run there, "
+        "its root first on PYTHONPATH",
+    )
+    bench.add_argument(
+        "--baseline-setup",
+        metavar="COMMAND",
+        help="with --baseline-ref: a shell command run once in the baseline's worktree before the runs "
+        "(its own environment: 'make .venv', 'python -m venv .venv && .venv/bin/pip install -e .')",
+    )
     bench.add_argument("--runs", type=int, default=5, help="runs of each workload (default: %(default)s)")
     bench.add_argument("--out", metavar="DIR", help="where the runs go (default: reports/bench/<time>)")
     bench.add_argument(
@@ -163,11 +177,13 @@ def add_ab_arguments(bench: argparse.ArgumentParser) -> None:
     group = bench.add_argument_group(
         "interleaved A/B (--ab)",
         "runs the two workloads in blocks of A B B A or B A A B and decides on the blocks' paired "
-        "differences, so that a drift common to both cancels (tuneup.compare.ab); with --json, --history and "
-        "the exit-code options; not yet --markdown, --junit, --target",
+        "differences, so that a drift common to both cancels (tuneup.compare.ab); with --json, --history, "
+        "--markdown, --github-summary, --junit and the exit-code options; not yet --target",
     )
     group.add_argument(
-        "--ab", action="store_true", help="interleaved A/B: needs --baseline-cmd/--baseline-entry"
+        "--ab",
+        action="store_true",
+        help="interleaved A/B: needs --baseline-cmd, --baseline-entry or --baseline-ref",
     )
     group.add_argument("--blocks", type=int, help="blocks to run (default: as the A/A calibration plans)")
     group.add_argument("--seed", type=int, default=0, help="seed of the blocks' order (default: %(default)s)")
@@ -214,18 +230,9 @@ def _compare_and_report(baseline: Side, candidate: Side, args: argparse.Namespac
         target=str(target) if target is not None else None,
     )
     print(format_table(result))
-    markdown = format_markdown(result)
-    for path in filter(
-        None, [args.markdown, os.environ.get(ENV_GITHUB_SUMMARY) if args.github_summary else None]
-    ):
-        with open(path, "a" if path != args.markdown else "w", encoding="utf-8") as f:
-            f.write(markdown)
     if args.json:
         Path(args.json).write_text(json.dumps(result.as_dict(), indent=1) + "\n", encoding="utf-8")
-    if args.junit:
-        from tuneup.compare.junit import write_junit
-
-        write_junit(result, args.junit)
+    _write_ci_outputs(args, lambda: format_markdown(result), result)
     _append_history(args, candidate, _verdict_word(result))
     inconclusive = result.count(Verdict.INCONCLUSIVE)
     if inconclusive and args.inconclusive == "pass" and not args.detailed_exit_codes:
@@ -235,6 +242,19 @@ def _compare_and_report(baseline: Side, candidate: Side, args: argparse.Namespac
             file=sys.stderr,
         )
     return result.exit_code(inconclusive_fails=args.inconclusive == "fail", detailed=args.detailed_exit_codes)
+
+
+def _write_ci_outputs(args: argparse.Namespace, markdown: Callable[[], str], junit: Any) -> None:
+    """--markdown (written whole), --github-summary (appended to $GITHUB_STEP_SUMMARY, as steps share
+    it) and --junit (a Comparison, or a JUnit document's text)."""
+    paths = [args.markdown, os.environ.get(ENV_GITHUB_SUMMARY) if args.github_summary else None]
+    for path in filter(None, paths):
+        with open(path, "a" if path != args.markdown else "w", encoding="utf-8") as f:
+            f.write(markdown())
+    if args.junit:
+        from tuneup.compare.junit import write_junit
+
+        write_junit(junit, args.junit)
 
 
 def _verdict_word(result: Any) -> str:
@@ -389,15 +409,19 @@ def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
             return _bench_ab(args)
         candidate = Workload("candidate", args.cmd, args.entry)
         workloads = [candidate]
-        if args.baseline_cmd or args.baseline_entry:
-            if args.baseline:
-                raise CompareInputError("give --baseline-cmd/--baseline-entry or --baseline, not both")
-            workloads.insert(0, Workload("baseline", args.baseline_cmd, args.baseline_entry))
+        if (args.baseline_cmd or args.baseline_entry or args.baseline_ref) and args.baseline:
+            raise CompareInputError(
+                "give --baseline-cmd/--baseline-entry/--baseline-ref or --baseline, not both"
+            )
         target = _target(args)
         # A bad path fails before any run.
         baseline = load_side(args.baseline, target) if args.baseline else None
-        out = Path(args.out) if args.out else Path("reports") / "bench" / time.strftime("%Y%m%d-%H%M%S")
-        sets = run_bench(workloads, args.runs, out, timeout_s=args.timeout)
+        out = _bench_out(args)
+        with contextlib.ExitStack() as stack:
+            baseline_workload = _baseline_workload(args, out, stack)
+            if baseline_workload is not None:
+                workloads.insert(0, baseline_workload)
+            sets = run_bench(workloads, args.runs, out, timeout_s=args.timeout)
         candidate_side = load_side(sets["candidate"], target)
         print()
         for r in candidate_side.runs:
@@ -420,18 +444,58 @@ def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     return _guarded(run, usage_error)
 
 
+def _bench_out(args: argparse.Namespace) -> Path:
+    return Path(args.out) if args.out else Path("reports") / "bench" / time.strftime("%Y%m%d-%H%M%S")
+
+
+def _baseline_workload(args: argparse.Namespace, out: Path, stack: contextlib.ExitStack) -> Any:
+    """The baseline to run: --baseline-cmd/--baseline-entry as given, or with --baseline-ref that command
+    (else the candidate's) in the ref's worktree (OUT/baseline-tree, removed when `stack` closes); None
+    when there is none to run."""
+    from tuneup.compare.bench import Workload
+
+    if args.baseline_ref is None:
+        if args.baseline_setup:
+            raise CompareInputError(
+                "--baseline-setup needs --baseline-ref (it runs in the baseline's worktree)"
+            )
+        if args.baseline_cmd or args.baseline_entry:
+            return Workload("baseline", args.baseline_cmd, args.baseline_entry)
+        return None
+    from tuneup.compare.worktree import baseline_worktree, python_path
+
+    given = bool(args.baseline_cmd or args.baseline_entry)
+    command, entry = (args.baseline_cmd, args.baseline_entry) if given else (args.cmd, args.entry)
+    tree = (out / "baseline-tree").resolve()
+    print(
+        f"baseline: {args.baseline_ref} checked out in {tree}"
+        + (", setting up" if args.baseline_setup else "")
+    )
+    here = stack.enter_context(
+        baseline_worktree(args.baseline_ref, tree, setup=args.baseline_setup, timeout_s=args.timeout)
+    )
+    return Workload(
+        "baseline",
+        command,
+        entry,
+        cwd=here,
+        env={"PYTHONPATH": python_path(tree, os.environ.get("PYTHONPATH"))},
+    )
+
+
 def _bench_ab(args: argparse.Namespace) -> int:
     """`tuneup bench --ab`: calibrate (A/A), plan, run the blocks, decide on the paired differences."""
     from tuneup.compare import ab
     from tuneup.compare.bench import Workload
 
-    if not (args.baseline_cmd or args.baseline_entry) or args.baseline:
-        raise CompareInputError("--ab needs --baseline-cmd or --baseline-entry (and no --baseline)")
-    for option in ("markdown", "junit", "target", "github_summary"):
-        if getattr(args, option):
-            raise CompareInputError(
-                f"--{option.replace('_', '-')} is not supported with --ab yet; use --json"
-            )
+    if not (args.baseline_cmd or args.baseline_entry or args.baseline_ref) or args.baseline:
+        raise CompareInputError(
+            "--ab needs --baseline-cmd, --baseline-entry or --baseline-ref (and no --baseline)"
+        )
+    if args.target:
+        raise CompareInputError(
+            "--target is not supported with --ab yet; compare the runs with tuneup compare"
+        )
     if args.blocks is not None and args.blocks < ab.MIN_BLOCKS:
         raise CompareInputError(f"--blocks must be at least {ab.MIN_BLOCKS}, got {args.blocks}")
     if args.calibrate_blocks < 0 or args.calibrate_blocks == 1:
@@ -443,11 +507,28 @@ def _bench_ab(args: argparse.Namespace) -> int:
         raise CompareInputError(f"--metrics: unknown {', '.join(unknown)}; choose from {', '.join(METRICS)}")
     # The plan follows the first metric that varies from run to run (peak memory repeats).
     plan_metric = next((m for m in metrics if not METRICS[m].deterministic), metrics[0])
-    baseline = Workload("baseline", args.baseline_cmd, args.baseline_entry)
     candidate = Workload("candidate", args.cmd, args.entry)
-    out = Path(args.out) if args.out else Path("reports") / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    out = _bench_out(args)
     if out.exists() and any(out.iterdir()):
         raise CompareInputError(f"{out} already holds runs; give --out an empty or new directory")
+    with contextlib.ExitStack() as stack:
+        baseline = _baseline_workload(args, out, stack)
+        assert baseline is not None  # checked above
+        return _run_ab(args, baseline, candidate, out, rule, metrics, plan_metric)
+
+
+def _run_ab(
+    args: argparse.Namespace,
+    baseline: Any,
+    candidate: Any,
+    out: Path,
+    rule: Any,
+    metrics: list[str],
+    plan_metric: str,
+) -> int:
+    from tuneup.compare import ab
+    from tuneup.compare.junit import suite_xml
+
     started_s = time.monotonic()
 
     def figures(run_dirs: list[Path], metric: str) -> list[float] | None:
@@ -530,6 +611,26 @@ def _bench_ab(args: argparse.Namespace) -> int:
         )
     print()
     print(ab.format_table(results))
+    blocks_run = len(ab_blocks)
+    properties = (
+        ("baseline", baseline.shown),
+        ("candidate", candidate.shown),
+        ("blocks", f"{blocks_run} (seed {args.seed})"),
+        ("rule", ab.describe_rule(rule)),
+    )
+    _write_ci_outputs(
+        args,
+        lambda: ab.format_markdown(
+            results,
+            baseline=baseline.shown,
+            candidate=candidate.shown,
+            blocks=blocks_run,
+            seed=args.seed,
+            rule=rule,
+            plan=plan,
+        ),
+        suite_xml("tuneup bench --ab", properties, results),
+    )
     if args.json:
         document = {
             "seed": args.seed,
