@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tuneup.compare.compare import compare, format_table
+from tuneup.compare.rule import Verdict
 from tuneup.compare.runs import load_side, summarize_run
 from tuneup.record import RankWriter, load_run, write_manifest
 
@@ -27,9 +28,10 @@ def synthetic_run(
     batch: int = 8,
     rss_bytes: float = 100e6,
     commit: str | None = None,
+    exposed_ms: float | None = None,
 ) -> Path:
     """A run whose steady steps all take `step_ms` (its first step is a slow warm-up), `batch` samples per
-    rank, and whose process peaks at `rss_bytes`."""
+    rank, and whose process peaks at `rss_bytes`; `exposed_ms` of each step waited for an all-reduce."""
     write_manifest(
         path,
         {
@@ -70,6 +72,11 @@ def synthetic_run(
                     "samples": batch,
                     "micro_batches": 1,
                     **phases,
+                    **(
+                        {}
+                        if exposed_ms is None
+                        else {"comm_ms": exposed_ms, "comm_exposed_ms": exposed_ms, "comm_count": 1}
+                    ),
                 }
             )
         w.add_telemetry({"t": 1001.0, "process": {"rss_bytes": rss_bytes}})
@@ -349,3 +356,24 @@ def test_tuneups_own_overhead_stays_within_its_budget(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (result,) = json.loads((tmp_path / "r.json").read_text())["metrics"]
     assert result["verdict"] != "REGRESSION"
+
+
+def test_exposed_communication_is_compared_and_zeros_are_said(tmp_path: Path) -> None:
+    base = synthetic_set(tmp_path / "base", [10.0, 10.1, 9.9, 10.05], world=2, exposed_ms=2.0)
+    cand = synthetic_set(tmp_path / "cand", [10.0, 10.1, 9.9, 10.05], world=2, exposed_ms=3.0)
+    result = compare(load_side(base), load_side(cand), metrics=["step_time", "exposed_comm"])
+    by_metric = {r.metric: r for r in result.results}
+    assert by_metric["step time"].verdict is Verdict.NO_CHANGE
+    exposed = by_metric["exposed communication"]
+    assert exposed.verdict is Verdict.REGRESSION and exposed.ratio == pytest.approx(1.5, rel=0.01)
+    # Fully overlapped (0 ms) on both sides: said, not a ratio of zeros; one process: not recorded.
+    hidden = synthetic_set(tmp_path / "hidden", [10.0, 10.1], world=2, exposed_ms=0.0)
+    hidden2 = synthetic_set(tmp_path / "hidden2", [10.0, 10.1], world=2, exposed_ms=0.0)
+    zeros = compare(load_side(hidden), load_side(hidden2), metrics=["exposed_comm"])
+    assert zeros.results == () and "0 in every run" in zeros.skipped["exposed_comm"]
+    single = compare(
+        load_side(synthetic_set(tmp_path / "one", [10.0, 10.1])),
+        load_side(synthetic_set(tmp_path / "two", [10.0, 10.1])),
+        metrics=["exposed_comm"],
+    )
+    assert "one process has no collectives" in single.skipped["exposed_comm"]

@@ -98,7 +98,7 @@ def test_the_validator_rejects_what_the_schema_does_not_allow() -> None:
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory):
     """Step time 20% slower (REGRESSION, and throughput with it), peak memory equal (NO CHANGE), cost per
-    sample not recorded (skipped)."""
+    sample and exposed communication not recorded (skipped)."""
     root = tmp_path_factory.mktemp("mixed")
     base = synthetic_set(root / "base", [10.0, 10.1, 9.9, 10.05, 9.95])
     slower = synthetic_set(root / "slow", [12.0, 12.1, 11.9, 12.05, 11.95])
@@ -111,12 +111,12 @@ def test_junit_xml_is_valid_and_says_each_metrics_verdict(mixed) -> None:
     assert schema_errors(suite) == []
     assert suite.tag == "testsuite" and suite.get("name") == "tuneup compare"
     cases = {c.get("name"): c for c in suite.findall("testcase")}
-    assert list(cases) == ["throughput", "step time", "peak memory", "cost_per_sample"]
+    assert list(cases) == ["throughput", "step time", "peak memory", "cost_per_sample", "exposed_comm"]
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
-        "4",
+        "5",
         "2",
         "0",
-        "1",
+        "2",
     )
     step = next(r for r in mixed.results if r.metric == "step time")
     failure = cases["step time"].find("failure")

@@ -34,7 +34,7 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
@@ -461,6 +461,7 @@ def format_markdown(
     seed: int,
     rule: Rule,
     plan: Plan | None,
+    skipped: Mapping[str, str] | None = None,
 ) -> str:
     """For a GitHub job summary or a pull-request comment: the verdicts (one effect figure a metric, as
     the table), the two sides, the blocks and what they could detect."""
@@ -493,6 +494,11 @@ def format_markdown(
     lines.extend(
         f"- {markdown_text(r.metric)}: **{r.verdict.value}**, {markdown_text(r.effect_text)}: {markdown_text(r.reason)}"
         for r in results
+    )
+
+    lines.extend(
+        f"- {markdown_text(metric)}: not compared, {markdown_text(why)}"
+        for metric, why in (skipped or {}).items()
     )
 
     def code(text: str) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuneup.compare.runs import METRICS, CompareInputError, Side, load_side
+from tuneup.compare.runs import METRICS, CompareInputError, RunSummary, Side, load_side
 
 ENV_GITHUB_SUMMARY = "GITHUB_STEP_SUMMARY"
 
@@ -527,24 +527,32 @@ def _run_ab(
     plan_metric: str,
 ) -> int:
     from tuneup.compare import ab
+    from tuneup.compare.compare import zero_reason
     from tuneup.compare.junit import suite_xml
 
     started_s = time.monotonic()
 
-    def figures(run_dirs: list[Path], metric: str) -> list[float] | None:
-        values = [load_side(d).runs[0].value(metric) for d in run_dirs]
-        return None if any(v is None or v <= 0 for v in values) else [float(v) for v in values if v]
+    summaries: dict[Path, RunSummary] = {}  # each run analysed once, whatever the metrics
+
+    def figures(run_dirs: list[Path], metric: str) -> list[float | None]:
+        for d in run_dirs:
+            if d not in summaries:
+                summaries[d] = load_side(d).runs[0]
+        return [summaries[d].value(metric) for d in run_dirs]
 
     def block_figures(
         blocks: list[dict[str, list[Path]]], metric: str
-    ) -> list[tuple[list[float], list[float]]] | None:
-        pairs = []
-        for block in blocks:
-            a, b = figures(block[ab.BASELINE], metric), figures(block[ab.CANDIDATE], metric)
-            if a is None or b is None:
-                return None
-            pairs.append((a, b))
-        return pairs
+    ) -> list[tuple[list[float], list[float]]] | str:
+        """Each block's (A figures, B figures), or why the metric cannot be compared."""
+        pairs = [
+            (figures(block[ab.BASELINE], metric), figures(block[ab.CANDIDATE], metric)) for block in blocks
+        ]
+        values = [v for a, b in pairs for v in (*a, *b)]
+        if any(v is None for v in values):
+            return "not recorded by every run"
+        if any(v <= 0 for v in values):  # type: ignore[operator]
+            return zero_reason(METRICS[metric].label, values)  # type: ignore[arg-type]
+        return pairs  # type: ignore[return-value]
 
     plan = None
     if args.calibration:
@@ -567,12 +575,12 @@ def _run_ab(
             out / "calibration",
             timeout_s=args.timeout,
         )
-        pairs = block_figures(aa_blocks, plan_metric)
-        if pairs is None:
+        aa_pairs = block_figures(aa_blocks, plan_metric)
+        if isinstance(aa_pairs, str):
             raise CompareInputError(
-                f"the calibration runs did not record {plan_metric}; choose another --metrics"
+                f"the calibration runs cannot plan on {plan_metric} ({aa_pairs}); choose another --metrics"
             )
-        calibration = [ab.block_log_ratio(a, b) for a, b in pairs]
+        calibration = [ab.block_log_ratio(a, b) for a, b in aa_pairs]
     else:
         calibration, seconds_per_block = None, None
     if calibration is not None:
@@ -597,11 +605,12 @@ def _run_ab(
     ab_blocks, seconds_per_block = ab.run_blocks(
         baseline, candidate, blocks_to_run, args.seed, out / "ab", timeout_s=args.timeout
     )
-    results = []
+    results, skipped = [], {}
     for name in metrics:
         pairs = block_figures(ab_blocks, name)
-        if pairs is None:
-            print(f"{name}: not recorded by every run; skipped")
+        if isinstance(pairs, str):
+            print(f"{name}: {pairs}; skipped")
+            skipped[name] = pairs
             continue
         metric = METRICS[name]
         results.append(
@@ -628,8 +637,9 @@ def _run_ab(
             seed=args.seed,
             rule=rule,
             plan=plan,
+            skipped=skipped,
         ),
-        suite_xml("tuneup bench --ab", properties, results),
+        suite_xml("tuneup bench --ab", properties, results, skipped),
     )
     if args.json:
         document = {

@@ -166,7 +166,12 @@ def compare(
             skipped[key] = {
                 "peak_memory": "not recorded on every run (GPU peak memory, or the process tree's PSS or RSS from telemetry)",
                 "cost_per_sample": "a run is not priced (TuneupCallback(instance=...) or TUNEUP_INSTANCE records one)",
+                "exposed_comm": "not recorded on every run (one process has no collectives)",
             }.get(key, "not recorded on every run")
+            continue
+        if any(v <= 0 for v in base + cand):  # type: ignore[operator]
+            # Fully overlapped communication is 0 ms: a ratio, which the rule tests, cannot hold it.
+            skipped[key] = zero_reason(metric.label, base + cand)  # type: ignore[arg-type]
             continue
         results.append(
             decide(
@@ -189,6 +194,14 @@ def compare(
         changed,
         None if target is None else _to_target(target, baseline, candidate, rule),
     )
+
+
+def zero_reason(label: str, values: Sequence[float]) -> str:
+    """Why a metric with zeros is not compared (the rule tests ratios)."""
+    zeros = sum(v <= 0 for v in values)
+    if zeros == len(values):
+        return f"0 in every run ({label} fully hidden on both sides): nothing to compare"
+    return f"0 in {zeros} of {len(values)} runs: a ratio cannot compare it; step time carries the change"
 
 
 def _to_target(target: str, baseline: Side, candidate: Side, rule: Rule) -> TargetComparison:

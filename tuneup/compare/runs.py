@@ -50,6 +50,9 @@ METRICS: dict[str, Metric] = {
         Metric("step_time", "step time", "ms", False),
         Metric("peak_memory", "peak memory", "bytes", False, deterministic=True),
         Metric("cost_per_sample", "cost per sample", "USD", False),
+        # Collective time a step waited for (DDP, FSDP; none on one process): a step-time regression's
+        # cause, and one that step time can hide while compute shrinks.
+        Metric("exposed_comm", "exposed communication", "ms", False),
     )
 }
 
@@ -71,8 +74,8 @@ class RunSummary:
     # The time and cost to `compare --target`'s target (None: no target asked for). A baseline file keeps
     # no metric curve: its runs say so rather than carry a figure from another target.
     to_target: RunToTarget | None = None
-    # For the CI history (`--history`), not compared: the commit the run's git state recorded, and the
-    # exposed communication a step (collectives the step waited for; None on one process).
+    # The commit the run's git state recorded (for the CI history), and the exposed communication a step
+    # (collectives the step waited for; None on one process). Neither is kept in a baseline file.
     commit: str | None = None
     exposed_comm_ms: float | None = None
 
@@ -82,6 +85,7 @@ class RunSummary:
             "step_time": self.step_time_ms,
             "peak_memory": self.peak_memory_bytes,
             "cost_per_sample": self.usd_per_sample,
+            "exposed_comm": self.exposed_comm_ms,
         }[metric]
 
     def as_dict(self) -> dict[str, Any]:
