@@ -149,6 +149,13 @@ class PairedComparison:
     def effect_text(self) -> str:
         return "-" if self.ratio is None else effect_percent(self.ratio)
 
+    @property
+    def interval_text(self) -> str:
+        """The change's 90% interval as the table and the Markdown print it."""
+        if self.ci_low is None or self.ci_high is None:
+            return "-"
+        return f"{effect_percent(self.ci_low)} .. {effect_percent(self.ci_high)}"
+
     def as_dict(self) -> dict[str, Any]:
         return {**verdict_fields(self), "effect_text": self.effect_text}
 
@@ -418,11 +425,7 @@ def format_table(results: Sequence[PairedComparison]) -> str:
 
     rows = []
     for r in results:
-        interval = (
-            "-"
-            if r.ci_low is None or r.ci_high is None
-            else f"{effect_percent(r.ci_low)} .. {effect_percent(r.ci_high)}"
-        )
+        interval = r.interval_text
         p = "-" if r.p_worse is None else f"{r.p_worse:.3g}"
         rows.append([r.metric, r.effect_text, interval, p, f"{r.threshold:.1%}", r.verdict.value])
     header = ["metric", "change", "90% interval", "p (worse)", "threshold", "verdict"]
@@ -472,11 +475,7 @@ def format_markdown(
     lines.append("| " + " | ".join(header) + " |")
     lines.append("| --- | --- | " + " | ".join("---:" for _ in header[2:]) + " |")
     for r in results:
-        interval = (
-            "-"
-            if r.ci_low is None or r.ci_high is None
-            else f"{effect_percent(r.ci_low)} .. {effect_percent(r.ci_high)}"
-        )
+        interval = r.interval_text
         verdict = (
             f"**{r.verdict.value}**"
             if r.verdict in (Verdict.REGRESSION, Verdict.INCONCLUSIVE)
