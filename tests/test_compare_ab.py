@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import math
 import random
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tuneup.compare.ab import (
@@ -270,3 +273,42 @@ def test_baseline_ref_runs_the_baseline_from_its_own_worktree(tmp_path: Path) ->
         "bench", "--cmd", "true", "--baseline-ref", "main", "--out", str(tmp_path / "out3"), cwd=tmp_path
     )
     assert outside.returncode == 2 and "needs a git checkout" in outside.stderr
+
+
+SLOW_WORK = """
+import os, sys, time
+from pathlib import Path
+Path(sys.argv[1]).write_text(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow  # a git worktree, one run started and cancelled: about 3 s
+def test_sigterm_ends_the_runs_and_removes_the_baseline_worktree(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "work.py").write_text(SLOW_WORK, encoding="utf-8")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "baseline")
+    pid_file, out = tmp_path / "pid", tmp_path / "out"
+    bench = subprocess.Popen(
+        [
+            sys.executable, "-m", "tuneup", "bench", "--ab", "--cmd", f"{sys.executable} work.py {pid_file}",
+            "--baseline-ref", "HEAD", "--blocks", "2", "--calibrate-blocks", "0", "--out", str(out),
+        ],
+        cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists(), "the first run never started"
+    assert (out / "baseline-tree").is_dir()
+    bench.send_signal(signal.SIGTERM)  # what a cancelled CI job sends
+    _, err = bench.communicate(timeout=60)
+    assert bench.returncode == 143, err
+    run_pid = int(pid_file.read_text())
+    assert not psutil.pid_exists(run_pid) or psutil.Process(run_pid).status() == psutil.STATUS_ZOMBIE
+    assert not (out / "baseline-tree").exists()
+    listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
+    assert len(listed.splitlines()) == 1

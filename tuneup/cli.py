@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from tuneup._cli_common import UsageError, add_cost_arguments, cost_options, resolve_run_dir, target_option
 from tuneup._gc import cyclic_gc_paused
 from tuneup._version import __version__
+from tuneup.launch import terminate_as_exit
 
 if TYPE_CHECKING:
     from tuneup.catalog import InstanceCatalog
@@ -396,7 +397,12 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with cyclic_gc_paused() if args.command in _READS_RUNS else contextlib.nullcontext():
+        # SIGTERM (a cancelled CI job, a scheduler's stop) ends the commands' process trees and runs their
+        # cleanup (bench's baseline worktree, tune's trial), as Ctrl-C does; exit 143.
+        with (
+            terminate_as_exit(),
+            cyclic_gc_paused() if args.command in _READS_RUNS else contextlib.nullcontext(),
+        ):
             return int(args.func(args))
     except UsageError as exc:
         print(f"tuneup {args.command}: error: {exc}", file=sys.stderr)

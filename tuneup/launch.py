@@ -8,7 +8,10 @@ ranks, Lightning's subprocess launcher, ddp_spawn workers, DataLoader workers. E
   (a `setsid`, a daemon) is still known once its parent is gone;
 - it is ended on a timeout, when the caller's `watch` asks for it, or on KeyboardInterrupt (or any other
   exception): SIGTERM to the group and to every descendant known, SIGKILL to what is left after `grace_s`;
-- after it exits by itself the same sweep runs, so that no worker outlives its command.
+- after it exits by itself the same sweep runs, so that no worker outlives its command;
+- under `terminate_as_exit()` a SIGTERM to this process (a CI job cancelled, a scheduler's stop) is an
+  exception too, so the tree is ended and the caller's cleanup (`finally`, `with`) runs, which Python's
+  default for SIGTERM (dying at once) skips.
 The command's exit is noticed without reaping it (`waitid` with WNOWAIT): while its zombie holds the pid,
 no other process can take that number as a process group id, so the group's last SIGKILL reaches only the
 command's own group.
@@ -27,14 +30,14 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final, Literal, Union
 
 import psutil
 
-__all__ = ["CAPTURE", "INHERIT", "Ended", "Output", "run_tree"]
+__all__ = ["CAPTURE", "INHERIT", "Ended", "Output", "run_tree", "terminate_as_exit"]
 
 INHERIT: Final = "inherit"
 CAPTURE: Final = "capture"
@@ -215,3 +218,23 @@ def _read_tail(file: IO[bytes]) -> str:
     if size > TAIL_BYTES:
         text = text.partition("\n")[2]  # the first line is cut: drop it
     return text
+
+
+@contextlib.contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """While inside, SIGTERM raises SystemExit(143) (128 + SIGTERM, the shell's code for it) in the main
+    thread; the handler before is restored afterwards. Elsewhere than the main thread it does nothing
+    (Python lets only the main thread set handlers)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
