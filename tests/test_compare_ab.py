@@ -30,7 +30,7 @@ from tuneup.compare.ab import (
     schedule,
 )
 from tuneup.compare.rule import Verdict, decide
-from tuneup.compare.stats import welch
+from tuneup.compare.stats import chi2_quantile, welch
 
 # The tests' shared CLI runner; the tests directory is no package, so found by path (either pytest entry).
 sys.path.insert(0, str(Path(__file__).parent))
@@ -153,15 +153,28 @@ def test_the_planner_by_hand_and_within_the_time() -> None:
     # sd 0.02, 5%: n = 4, since sqrt(4) log(1.05) / 0.02 = 4.879 >= t(.05,3) + t(.1,3) = 2.353 + 1.638,
     # and n = 3 gives 4.225 < 2.920 + 1.886.
     assert blocks_needed(0.02, 0.05, alpha=0.05) == 4
-    calibration = [0.02, -0.02, 0.0]  # sd 0.02
+    calibration = [0.02, -0.02, 0.0]  # sd 0.02 from 3 blocks: planned on 0.02 x sqrt(2 / 0.4463) = 0.0423
     p = plan(calibration, min_detectable=0.05, alpha=0.05, seconds_per_block=60.0, max_seconds=180.0)
-    assert (p.blocks_needed, p.blocks_in_time, p.blocks) == (4, 3, 3)
+    assert p.sd_log_ratio == pytest.approx(0.02) and p.sd_planned == pytest.approx(0.0423, rel=0.01)
+    assert (p.blocks_needed, p.blocks_in_time, p.blocks) == (9, 3, 3)
     assert p.detectable > 0.05  # three blocks cannot see 5%: said before starting
-    assert "can detect" in p.text()
+    assert "can detect" in p.text() and "80% upper confidence limit" in p.text()
     roomy = plan(calibration, min_detectable=0.05, alpha=0.05, seconds_per_block=60.0, max_seconds=3600.0)
-    assert roomy.blocks == 4 and roomy.detectable <= 0.05
+    assert roomy.blocks == 9 and roomy.detectable <= 0.05
+    # The limit narrows to the estimate as the calibration grows: 30 blocks, 0.02 x sqrt(29 / 22.48).
+    assert plan([0.02, -0.02] * 15, min_detectable=0.05, alpha=0.05).sd_planned == pytest.approx(
+        0.02 * 1.0171 * math.sqrt(29 / 22.475), rel=0.01
+    )
     with pytest.raises(ValueError, match="at least 2"):
         plan([0.01], min_detectable=0.05, alpha=0.05)
+
+
+@pytest.mark.parametrize(
+    ("df", "exact"), [(1, 0.0642), (2, 0.4463), (5, 2.3425), (10, 6.1791), (30, 23.3641)]
+)
+def test_the_chi_square_quantile_at_the_plans_level(df: int, exact: float) -> None:
+    # scipy.stats.chi2.ppf(0.2, df); at 1 df the approximation is 14% low (a larger sd limit: safe)
+    assert chi2_quantile(0.2, df) == pytest.approx(exact, rel=0.15 if df == 1 else 0.01)
 
 
 FAKE_RUN = """

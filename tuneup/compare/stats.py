@@ -213,6 +213,18 @@ def t_quantile(upper_tail: float, df: float) -> float:
     return 0.5 * (low + high)
 
 
+def chi2_quantile(lower_tail: float, df: float) -> float:
+    """x with P(X < x) = lower_tail for the chi-square distribution with `df` degrees of freedom, by the
+    Wilson-Hilferty cube-root normal approximation. At the 20% level the A/B's plan uses, within 1% of
+    the exact quantile from 2 degrees of freedom on and 14% low at 1 (so a plan from 2 blocks errs on the
+    safe side); farther in the tail it is worse at few degrees of freedom (23% low at 5%, 2 df)."""
+    if not 0.0 < lower_tail < 1.0 or df <= 0:
+        raise ValueError(f"need 0 < lower_tail < 1 and df > 0, got {lower_tail}, {df}")
+    z = statistics.NormalDist().inv_cdf(lower_tail)
+    c = 2.0 / (9.0 * df)
+    return df * max(0.0, 1.0 - c + z * math.sqrt(c)) ** 3
+
+
 def geometric_gain(
     baseline: Sequence[float], candidate: Sequence[float], confidence: float
 ) -> tuple[float, float | None, float | None] | None:
