@@ -527,7 +527,7 @@ def _run_ab(
     plan_metric: str,
 ) -> int:
     from tuneup.compare import ab
-    from tuneup.compare.compare import zero_reason
+    from tuneup.compare.compare import not_recorded_reason, zero_reason
     from tuneup.compare.junit import suite_xml
 
     started_s = time.monotonic()
@@ -549,7 +549,7 @@ def _run_ab(
         ]
         values = [v for a, b in pairs for v in (*a, *b)]
         if any(v is None for v in values):
-            return "not recorded by every run"
+            return not_recorded_reason(metric)
         if any(v <= 0 for v in values):  # type: ignore[operator]
             return zero_reason(METRICS[metric].label, values)  # type: ignore[arg-type]
         return pairs  # type: ignore[return-value]

@@ -163,11 +163,7 @@ def compare(
                 skipped[key] = f"the sides measured different memory ({', '.join(sorted(map(str, kinds)))})"
                 continue
         if any(v is None for v in base + cand):
-            skipped[key] = {
-                "peak_memory": "not recorded on every run (GPU peak memory, or the process tree's PSS or RSS from telemetry)",
-                "cost_per_sample": "a run is not priced (TuneupCallback(instance=...) or TUNEUP_INSTANCE records one)",
-                "exposed_comm": "not recorded on every run (one process has no collectives)",
-            }.get(key, "not recorded on every run")
+            skipped[key] = not_recorded_reason(key)
             continue
         if any(v <= 0 for v in base + cand):  # type: ignore[operator]
             # Fully overlapped communication is 0 ms: a ratio, which the rule tests, cannot hold it.
@@ -194,6 +190,15 @@ def compare(
         changed,
         None if target is None else _to_target(target, baseline, candidate, rule),
     )
+
+
+def not_recorded_reason(key: str) -> str:
+    """Why a metric some run lacks is not compared, and what records it."""
+    return {
+        "peak_memory": "not recorded on every run (GPU peak memory, or the process tree's PSS or RSS from telemetry)",
+        "cost_per_sample": "a run is not priced (TuneupCallback(instance=...) or TUNEUP_INSTANCE records one)",
+        "exposed_comm": "not recorded on every run (one process has no collectives)",
+    }.get(key, "not recorded on every run")
 
 
 def zero_reason(label: str, values: Sequence[float]) -> str:
