@@ -61,6 +61,11 @@ SLOT = {BASELINE: "A", CANDIDATE: "B"}  # the run directories' names: block-01/A
 RUNS_PER_BLOCK = 4  # A B B A: two runs a side
 MIN_BLOCKS = 2  # a t-test needs a variance of the block figures
 DEFAULT_POWER = 0.9
+# A gate that runs on every pull request: at alpha 0.05, one job in 20 without a change fails, and a team
+# learns to rerun it. At 0.01 the A/A trials' target (at most 1 of 20 flagged) holds with room, for about
+# 1.5x the blocks of 0.05 at the same power ((z_0.01 + z_0.1)^2 / (z_0.05 + z_0.1)^2 = 13.0 / 8.6);
+# measured: 1 of 4 A/A trials flagged at 0.05 (p = 0.040, +3.4%; benchmarks/ab_trials.py), none at 0.01.
+DEFAULT_ALPHA = 0.01
 # The plan's sd is the calibration's upper confidence limit at this level, not its estimate: a few A/A
 # blocks estimate the sd loosely (from 6 blocks, the true sd is above the estimate in about half the
 # calibrations), and a plan on a low estimate runs too few blocks. Browne (1995), "On the use of a pilot

@@ -35,7 +35,11 @@ def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(METRICS),
         help="comma-separated, from: %(default)s (default: all; a metric a run did not record is skipped)",
     )
-    group.add_argument("--alpha", type=float, default=0.05, help="significance level (default: %(default)s)")
+    group.add_argument(
+        "--alpha",
+        type=float,
+        help="significance level (default: 0.05; 0.01 with --ab, whose job gates every pull request)",
+    )
     group.add_argument(
         "--min-effect",
         type=float,
@@ -212,7 +216,7 @@ def add_ab_arguments(bench: argparse.ArgumentParser) -> None:
 def _rule(args: argparse.Namespace) -> Any:
     from tuneup.compare.rule import Rule
 
-    return Rule(alpha=args.alpha, min_effect=args.min_effect)
+    return Rule(alpha=Rule.alpha if args.alpha is None else args.alpha, min_effect=args.min_effect)
 
 
 def _compare_and_report(baseline: Side, candidate: Side, args: argparse.Namespace) -> int:
@@ -500,7 +504,7 @@ def _bench_ab(args: argparse.Namespace) -> int:
         raise CompareInputError(f"--blocks must be at least {ab.MIN_BLOCKS}, got {args.blocks}")
     if args.calibrate_blocks < 0 or args.calibrate_blocks == 1:
         raise CompareInputError(f"--calibrate-blocks must be 0 or at least {ab.MIN_BLOCKS}")
-    rule = ab.ab_rule(args.alpha, args.min_detectable)
+    rule = ab.ab_rule(ab.DEFAULT_ALPHA if args.alpha is None else args.alpha, args.min_detectable)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
@@ -590,7 +594,7 @@ def _run_ab(
         plan = ab.plan(
             calibration,
             min_detectable=args.min_detectable,
-            alpha=args.alpha,
+            alpha=rule.alpha,
             seconds_per_block=seconds_per_block,
             max_seconds=left_s,
             blocks=args.blocks,
