@@ -1,0 +1,77 @@
+"""The workload of the CI-gate trials (benchmarks/ab_trials.py): a compute-bound MLP step on CPU, recorded
+with `tuneup.track`, one process or 2-rank DDP under torchrun (gloo), with an optional injected slowdown.
+
+    python benchmarks/ab_workload.py [--steps 80] [--slowdown 0.05]
+    torchrun --nproc-per-node 2 benchmarks/ab_workload.py --slowdown 0.05
+
+`--slowdown F` makes each step slower by F of its own time, with compute: after the optimizer, the step
+multiplies small matrices until F x (the step's time so far) has passed. The slowdown is exact in
+expectation whatever the machine's speed, and it is compute, as the rest of the step, so a busy runner
+slows it alike. The run directory comes from TUNEUP_DIR (as `tuneup bench` sets it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import tuneup
+
+WIDTH = int(os.environ.get("ABW_WIDTH", "768"))
+DEPTH = 4
+BATCH = int(os.environ.get("ABW_BATCH", "64"))
+
+
+def burn_s(seconds: float, scratch: torch.Tensor) -> None:
+    """Compute (small matmuls) until `seconds` of wall time have passed."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.mm(scratch, scratch)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--slowdown", type=float, default=0.0, help="fraction of each step's time added")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # one core a process: the 2-rank DDP run fills the 2-core runner
+    torch.manual_seed(0)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        dist.init_process_group("gloo")
+    layers: list[torch.nn.Module] = []
+    for _ in range(DEPTH):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    model: torch.nn.Module = torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10))
+    if distributed:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    # Plain SGD by hand: torch.optim imports torch._dynamo (1.4 s a process here), a third of a short
+    # run's start that every block of the A/B would pay four times.
+    parameters = list(model.parameters())
+    x, y = torch.randn(BATCH, WIDTH), torch.randint(0, 10, (BATCH,))
+    scratch = torch.randn(32, 32)
+    with tuneup.track(batch_size=BATCH, model=model, tags={"workload": "ab-trials"}) as run:
+        for _ in range(args.steps):
+            started = time.perf_counter()
+            with run.phase("forward"):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            with run.phase("backward"):
+                loss.backward()
+            with run.phase("optimizer"):
+                with torch.no_grad():
+                    for p in parameters:
+                        p.add_(p.grad, alpha=-0.01)
+                        p.grad = None
+                if args.slowdown > 0.0:
+                    burn_s(args.slowdown * (time.perf_counter() - started), scratch)
+            run.step(loss=loss)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
