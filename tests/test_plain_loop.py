@@ -179,3 +179,18 @@ def test_phases_a_loop_never_marked_are_not_timed_in_the_report_and_the_advice(t
     advice = advise([a], AdviceOptions(whatif=False))
     assert not [r for r in advice.recommendations if r.id == "data_loading.num_workers"]
     assert any("did not time the data phase" in c.reason for c in advice.considered)
+
+
+def test_recording_a_plain_model_does_not_import_fsdp(tmp_path: Path) -> None:
+    # Looking for FSDP2 units once imported torch.distributed.fsdp: 1.0 s of every recorded run's start.
+    code = (
+        "import sys, torch, tuneup\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        f"with tuneup.track(dirpath={str(tmp_path / 'run')!r}, batch_size=2, model=model) as run:\n"
+        "    model(torch.randn(2, 4)).sum().backward(); run.step()\n"
+        "print('fsdp imported' if 'torch.distributed.fsdp' in sys.modules else 'fsdp not imported')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("fsdp not imported")
+    assert load_run(tmp_path / "run").manifest.raw["model"]["fsdp"] is None
