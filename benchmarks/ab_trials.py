@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -104,6 +105,9 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
     slowdown = args.slowdown if kind == "slow" else 0.0
     out = args.out / f"{kind}-{index:02d}"
     report = out.with_suffix(".json")
+    # A trial not in trials.jsonl was stopped midway: its runs are started over, not mixed with new ones.
+    shutil.rmtree(out, ignore_errors=True)
+    report.unlink(missing_ok=True)
     bench_args = [
         "--ab",
         "--baseline-cmd", workload_command(args.workload, args.steps, 0.0),
