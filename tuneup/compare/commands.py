@@ -538,11 +538,13 @@ def _run_ab(
 
     summaries: dict[Path, RunSummary] = {}  # each run analysed once, whatever the metrics
 
+    def summary(run_dir: Path) -> RunSummary:
+        if run_dir not in summaries:
+            summaries[run_dir] = load_side(run_dir).runs[0]
+        return summaries[run_dir]
+
     def figures(run_dirs: list[Path], metric: str) -> list[float | None]:
-        for d in run_dirs:
-            if d not in summaries:
-                summaries[d] = load_side(d).runs[0]
-        return [summaries[d].value(metric) for d in run_dirs]
+        return [summary(d).value(metric) for d in run_dirs]
 
     def block_figures(
         blocks: list[dict[str, list[Path]]], metric: str
@@ -656,7 +658,7 @@ def _run_ab(
         }
         Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     if getattr(args, "history", None):
-        candidate_runs = tuple(load_side(d).runs[0] for block in ab_blocks for d in block[ab.CANDIDATE])
+        candidate_runs = tuple(summary(d) for block in ab_blocks for d in block[ab.CANDIDATE])
         _append_history(args, Side(str(out / "ab"), "set", candidate_runs), ab.verdict_word(results))
     return ab.exit_code(
         results, inconclusive_fails=args.inconclusive == "fail", detailed=args.detailed_exit_codes
