@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tuneup.compare import history
 from tuneup.compare.ab import (
     BASELINE,
     CANDIDATE,
@@ -202,6 +203,7 @@ def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Pat
         f"{sys.executable} {script} 1.0", "--calibrate-blocks", "2", "--blocks", "3", "--seed", "5",
         "--metrics", "step_time", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"),
         "--markdown", str(tmp_path / "ab.md"), "--junit", str(tmp_path / "ab.xml"),
+        "--history", str(tmp_path / "history.jsonl"),
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
@@ -214,6 +216,10 @@ def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Pat
     assert step["ratio"] == pytest.approx(1.05, rel=0.01)  # the drift cancels within A B B A
     assert document["plan"]["calibration_blocks"] == 2
     assert int((tmp_path / "counter").read_text()) == 4 * (2 + 3)
+    # The CI history gets one record: the candidate's runs' figures (6 of them, 10.5 ms x the drift) and the verdict.
+    (record,) = history.read(tmp_path / "history.jsonl")
+    assert record.verdict == "regression"
+    assert 10.5 < record.metrics["step_time_ms"] < 10.5 * 1.2
     # The two sides' run directories have names of one length (the environment's size moves the stack).
     block = tmp_path / "out" / "ab" / "block-01"
     assert sorted(p.name for p in block.iterdir()) == ["A-1", "A-2", "B-1", "B-2"]
