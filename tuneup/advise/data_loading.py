@@ -16,7 +16,9 @@ becomes
 which is what the step-time model is given (`data_ms_per_sample = d(w) / batch`). The proposal is the
 fewest workers that hide the wait with a quarter to spare (w ≥ 1.25·L/R, load times vary), never above
 Lightning's own bound, `suggested_max_num_workers`: max(1, CPUs // local ranks − 1), one core left to
-the main process.
+the main process, where the loading is CPU work. Loading that waits (below) may have as many workers as the
+rank's share of the CPUs: they sleep while they wait (on a 2-CPU host a loader that waited 2 ms a sample
+measured +136% with 2 workers, where Lightning's bound of 1 gave +17%; benchmarks/advise_accuracy.py).
 
 Workers only help if they have cores of their own. The rank has c = (host CPUs − the CPUs other
 processes took, from the telemetry's contention figures) / local ranks; its main process keeps 1 busy
@@ -201,6 +203,8 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
     load = d if w0 == 0 else w0 * (d + rest)
     cap = lightning_max_workers(o.cpu_count, o.ranks_per_node)
     account = _account(ctx, w0)
+    cpu_loading = _loading_is_cpu_work(ctx, w0)
+    bound = cap if cpu_loading else waiting_max_workers(o.cpu_count, o.ranks_per_node)
     if w0 >= cap:
         ctx.skip(
             "num_workers",
@@ -211,7 +215,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             "collate, cache decoded samples) or more CPUs",
         )
         return []
-    w = min(cap, max(w0 + 1, math.ceil(HEADROOM * load / rest)))
+    w = min(bound, max(w0 + 1, math.ceil(HEADROOM * load / rest)))
 
     free, main, main_why = account.free, account.main, account.main_why
     cores = account.cores  # whole CPUs left to the rank
@@ -221,12 +225,10 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         # The rest of the micro-batch grows with its compute where fewer threads compute it.
         return max(0.0, load * load_slower / workers - (rest + compute * (slower - 1.0)))
 
-    cpu_loading = _loading_is_cpu_work(ctx, w0)
-
     setting = replace(ctx.setting, num_workers=w)
     threads = None
     before = _omp_threads(ctx) or float(cores)  # torch's intra-op threads now
-    if not o.on_gpu and main + w > free and before > cores - w >= 1:
+    if not o.on_gpu and cpu_loading and main + w > free and before > cores - w >= 1:
         # A CPU run whose intra-op threads would take the workers' cores: give the workers theirs. Compute
         # on fewer threads is at most before/threads times slower (perfect scaling); small models scale far
         # less, so the figure is at no slowdown and the interval reaches the worst. The process's mean CPU
@@ -234,9 +236,9 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         # loading and the waits), so the worst case is the thread count's own ratio.
         threads = cores - w
         worst = max(1.0, main / threads, before / threads)
-        slow_load = BUSY_CPU_SLOWDOWN if cpu_loading else 1.0  # every core of the rank busy
+        # Every core of the rank busy: the loading itself runs slower too.
         low = ctx.predict(
-            setting, Range(worst, worst, worst), data_ms_per_sample=wait(w, worst, slow_load) / b
+            setting, Range(worst, worst, worst), data_ms_per_sample=wait(w, worst, BUSY_CPU_SLOWDOWN) / b
         )
         proposed = _span(ctx.predict(setting, data_ms_per_sample=wait(w) / b), low)
         competes = False
@@ -276,6 +278,14 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         f"{o.cpu_count} CPUs on the host, {o.ranks_per_node} rank(s) on it: Lightning's bound max(1, "
         f"{o.cpu_count} // {o.ranks_per_node} − 1) = {cap} worker(s)",
     ]
+    if w > cap:
+        evidence.append(
+            f"the loading waits rather than computes (the process's CPU time per step leaves at most "
+            f"{WAITING_CPU_SHARE:.0%} of the wait on the CPU), so its workers need no CPU of their own: up to "
+            f"{bound} per rank ({o.cpu_count} CPUs // {o.ranks_per_node} rank(s); PyTorch's DataLoader warns "
+            f"above the CPUs it may use), past Lightning's bound of {cap}, which keeps a CPU for the "
+            "training's compute"
+        )
     evidence.append(account.sentence())
     caveats = []
     settle = None
@@ -299,7 +309,7 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
             f"{account.sentence()}, so {w} worker(s) would take their CPU from the training; run it with more "
             "CPUs per rank (or fewer other processes on the host) and measure"
         )
-    if threads is not None and cpu_loading:
+    if threads is not None:
         settle = (
             f"{account.sentence()}; the loading is CPU work and {w} worker(s) with {threads} compute thread(s) "
             f"keep all {cores} CPUs "
@@ -355,6 +365,14 @@ def recommend(ctx: AdviceContext) -> list[Recommendation]:
         settle=settle,
     )
     return [rec] if rec is not None else []
+
+
+def waiting_max_workers(cpu_count: int, local_ranks: int) -> int:
+    """The most workers proposed for loading that waits (storage, the network, a sleep): as many as the rank's
+    share of the CPUs. Such workers sleep while they wait, so they need no CPU beside the training, unlike
+    Lightning's bound, which leaves one for the main process; PyTorch's DataLoader itself warns only above the
+    CPUs the process may use. Each worker still holds a copy of the Dataset and its prefetched batches."""
+    return max(1, cpu_count // max(1, local_ranks))
 
 
 def _fewer(ctx: AdviceContext, w0: int) -> None:
