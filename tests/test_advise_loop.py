@@ -35,12 +35,14 @@ def test_data_starved_run_gets_workers_and_the_gain_is_real(tmp_path: Path) -> N
     base_rate, base = loop._measured(base_dir)
     advice = advise([base], AdviceOptions(whatif=False))
     rec = next(r for r in advice.recommendations if r.id == "data_loading.num_workers")
-    assert any(c.knob == "num_workers" and c.proposed == "1" for c in rec.changes)
-    assert "num_workers=1" in rec.code
+    # The Dataset waits 1 ms a sample (as storage would): on 2 CPUs that is one worker, Lightning's bound, or
+    # two where the process's CPU time shows the loading waited (sleeping workers need no CPU of their own).
+    (workers,) = [int(c.proposed) for c in rec.changes if c.knob == "num_workers"]
+    assert workers in (1, 2) and f"num_workers={workers}" in rec.code
     # Recommended: its interval excludes a loss, the worker's hand-over of each batch counted in the low end.
     assert rec.gain.value >= 0.05 and rec.gain.low > 0 and rec.evidence
     new_knobs = loop.apply(knobs, rec)
-    assert new_knobs is not None and new_knobs["workers"] == 1
+    assert new_knobs is not None and new_knobs["workers"] == workers
 
     def rate(name: str, run_knobs: dict) -> float:
         return float(analyze(loop._run(tmp_path, name, run_knobs, 60)).throughput.samples_per_s)
