@@ -16,6 +16,12 @@ STAMP := $(VENV)/.tuneup-installed
 # at import), 0.6-0.9 s more in each of the hundreds of processes the tests start. tests/conftest.py puts
 # $(HF_SITE) on the path of the tests that train with the Hugging Face Trainer, and of theirs alone.
 HF_SITE := $(VENV)/hf-site
+# The same for the `ci` extra (ruptures and SciPy, for `tuneup regressions`): with SciPy installed, every
+# `import lightning` imports scipy.signal too (Lightning reads torchmetrics' version by importing it, and
+# torchmetrics imports scipy.signal when SciPy is there): 1.0 s more a process (4.4 s against 3.4 s here).
+# tests/conftest.py puts $(CI_SITE) on the test processes' own path, which tests/test_regressions.py needs.
+# For `tuneup regressions` in this environment: PYTHONPATH=.venv/ci-site
+CI_SITE := $(VENV)/ci-site
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +30,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(HF_SITE) \
 		"transformers==$$($(PY) -c 'from importlib.metadata import version; print(version("transformers"))')"
 	$(PY) -m pip uninstall --quiet --yes transformers
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(CI_SITE) \
+		$$($(PY) -c 'from importlib.metadata import version; print(*(f"{p}=={version(p)}" for p in ("scipy", "ruptures")))')
+	$(PY) -m pip uninstall --quiet --yes ruptures scipy
 	touch $(STAMP)
 
 demo: $(STAMP)

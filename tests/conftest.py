@@ -17,8 +17,12 @@ WORKLOAD = ROOT / "tests" / "workloads" / "tiny.py"
 # processes do not import it with Lightning (see the Makefile). This process and the Hugging Face Trainer's
 # test processes (`hf_environ`) find it.
 HF_SITE = Path(sys.prefix) / "hf-site"
-if HF_SITE.is_dir() and str(HF_SITE) not in sys.path:
-    sys.path.append(str(HF_SITE))
+# And the `ci` extra (ruptures, SciPy) here, for the change-point tests that run in this process: beside
+# Lightning, SciPy costs every `import lightning` 1.0 s (torchmetrics imports scipy.signal when it can).
+CI_SITE = Path(sys.prefix) / "ci-site"
+for _site in (HF_SITE, CI_SITE):
+    if _site.is_dir() and str(_site) not in sys.path:
+        sys.path.append(str(_site))
 
 
 def hf_environ(env: dict[str, str] | None = None) -> dict[str, str]:
