@@ -24,11 +24,12 @@ Workers only help if they have cores of their own. The rank has c = (host CPUs â
 processes took, from the telemetry's contention figures) / local ranks; its main process keeps 1 busy
 on a GPU run, and on a CPU run what its process measured (the telemetry's process CPU, with no workers
 yet), else as many as torch's intra-op threads (OMP_NUM_THREADS where recorded, else every core). One
-account of those figures (`CpuAccount`) is quoted by every outcome. Where the workers would have no CPU
-spare, a CPU run with whole CPUs to share gets fewer intra-op threads to give the workers theirs; else
+account of those figures (`CpuAccount`) is quoted by every outcome. Where CPU-bound workers would have no
+CPU spare, a CPU run with whole CPUs to share gets fewer intra-op threads to give the workers theirs; else
 the workers compete with the training: a worker that wakes up preempts a compute thread (on CPU, an
 OpenMP barrier then waits for it). Loading that waits rather than computes (the main process loaded with
-num_workers=0 and kept less than one CPU busy: storage, network, a sleep) competes for nothing. The interval's low end runs only the workers that have a core
+num_workers=0, and its CPU time per step leaves at most a quarter of the wait on the CPU: storage, the
+network, a sleep) competes for nothing. The interval's low end runs only the workers that have a core
 (d(w_eff)); with none, the loading and the training take turns on the same cores and the low end is no
 gain at all. Where that is so the figure quoted is the middle of the two ends and the confidence is low.
 More workers than Lightning's bound are told to use fewer (they take turns on the CPUs with the
