@@ -343,19 +343,25 @@ def test_bench_says_when_a_workload_records_nothing_or_fails(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_tuneups_own_overhead_stays_within_its_budget(tmp_path: Path) -> None:
-    """The project's CI check on itself: training with TuneupCallback against the same training without
-    it, alternating, judged by the same rule as any regression (5% minimum effect, or twice the run-to-run
-    CV on a noisy machine). tests/workloads/overhead_arm.py holds both arms."""
+    """The project's CI check on itself, through its own gate: training with TuneupCallback against the same
+    training without it, in two blocks of A B B A (`bench --ab`), each block's two sides paired so that the
+    machine's drift cancels (tests/workloads/overhead_arm.py holds both arms). The budget is a coarse one, 15%:
+    on this 2-core VM a process's mean step moves by about 10% from one process to the next (A/A blocks'
+    log ratios: sd 0.064, benchmarks/README.md), so two blocks resolve about +-9%, and the pooled rule this
+    test used before (5 runs a side) once saw a 12.8% overhead that was not there. It catches a lock, a flush
+    or a synchronisation added to every step; the fine figure (goal 0.5% at 10 ms steps) is
+    benchmarks/overhead.py's, which runs its arms in lockstep in one process."""
     arm = f"{sys.executable} {WORKLOADS / 'overhead_arm.py'} --steps 120"
     proc = cli(
-        "bench", "--cmd", f"{arm} --with-tuneup", "--baseline-cmd", arm, "--runs", "5",
-        "--out", str(tmp_path / "bench"), "--metrics", "throughput", "--json", str(tmp_path / "r.json"),
-        timeout=900,
+        "bench", "--ab", "--cmd", f"{arm} --with-tuneup", "--baseline-cmd", arm, "--calibrate-blocks", "0",
+        "--blocks", "2", "--seed", "1", "--out", str(tmp_path / "bench"), "--metrics", "throughput",
+        "--json", str(tmp_path / "r.json"), timeout=900,
     )  # fmt: skip
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (result,) = json.loads((tmp_path / "r.json").read_text())["metrics"]
-    assert result["verdict"] != "REGRESSION"
+    assert result["verdict"] != "REGRESSION" and len(result["log_ratios"]) == 2
+    assert result["ratio"] > 1 / 1.15, result  # the candidate's samples/s against the bare run's
 
 
 def test_exposed_communication_is_compared_and_zeros_are_said(tmp_path: Path) -> None:
