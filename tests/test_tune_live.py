@@ -126,7 +126,7 @@ def test_a_failing_rank_and_a_hang_end_their_trials_on_every_rank_and_tuning_goe
         out,
         *QUICK,
         "--batch-size", "16,32", "--accumulate", "1,2", "--workers", "0", "--comm-hook", "allreduce",
-        "--max-trials", "4", "--confirm-runs", "0", "--stall-timeout", "15",
+        "--max-trials", "4", "--confirm-runs", "0", "--stall-timeout", "8",
         "--", sys.executable, str(PLAIN), "--devices", "2", "--hidden", "64",
         env={"TUNE_FAIL_TRIAL": "01", "TUNE_FAIL_RANK": "1", "TUNE_HANG_TRIAL": "02", "TUNE_HANG_RANK": "1"},
     )  # fmt: skip
