@@ -20,6 +20,12 @@ HF_SITE = Path(sys.prefix) / "hf-site"
 # And the `ci` extra (ruptures, SciPy) here, for the change-point tests that run in this process: beside
 # Lightning, SciPy costs every `import lightning` 1.0 s (torchmetrics imports scipy.signal when it can).
 CI_SITE = Path(sys.prefix) / "ci-site"
+# Lightning is imported before either goes on the path: torchmetrics, which every import of Lightning
+# imports, looks for SciPy and transformers as it is imported, and would import scipy.signal and transformers'
+# metadata checks into each of pytest's three processes (2 s of each one's collection). No test in this
+# process uses torchmetrics; the tests' own processes get the directories only where they ask (hf_environ).
+import lightning.pytorch  # noqa: E402, F401
+
 for _site in (HF_SITE, CI_SITE):
     if _site.is_dir() and str(_site) not in sys.path:
         sys.path.append(str(_site))
@@ -53,6 +59,16 @@ TIMING_MODULES = frozenset(
         "test_training_loops.py",
     }
 )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The timing pass (`-m timing`, `make test`'s second) collects only the modules that hold timing tests:
+    importing the other 60-odd only to deselect all their tests cost it about 5 s."""
+    if config.getoption("markexpr") != "timing" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py" or collection_path.name in TIMING_MODULES:
+        return None
+    return "mark.timing" not in collection_path.read_text()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
