@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from archives import extract_all
 
 from tuneup.advise import Advice, AdviceOptions, advise
 from tuneup.advise.model import Range, Recommendation
@@ -45,7 +46,7 @@ class Case:
 def cases(tmp_path_factory: pytest.TempPathFactory) -> list[Case]:
     out = tmp_path_factory.mktemp("advise_accuracy")
     with tarfile.open(ARCHIVE) as tar:
-        tar.extractall(out, filter="data")
+        extract_all(tar, out)
     root = out / "advise_accuracy"
     results = json.loads((root / "results.json").read_text(encoding="utf-8"))["results"]
     found = []

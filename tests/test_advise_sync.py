@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from archives import extract_all
 
 from tests.synthetic import make_run
 from tests.test_advise import obs
@@ -260,7 +261,7 @@ def test_the_strategy_a_run_used_is_read_from_its_record(tmp_path: Path) -> None
     # run has, and a local SGD run's average as it measured it (its strategy-phase mean step over its local
     # median step, times H).
     with tarfile.open(Path(__file__).parent / "data" / "sync_runs.tgz") as tar:
-        tar.extractall(tmp_path, filter="data")
+        extract_all(tar, tmp_path)
     local = observe(analyze(tmp_path / "local4"))
     assert (local.local_sgd_period, local.compression, local.run_steps) == (4, None, 120)
     assert local.averaging_ms is not None and 0 < local.averaging_ms < local.step_median_ms

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from archives import extract_all
 
 from tuneup.advise import communication, interconnect
 from tuneup.advise.context import AdviceContext
@@ -228,7 +229,7 @@ def benchmark_run(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     out = tmp_path_factory.mktemp("advise_accuracy_local_sgd")
     with tarfile.open(ARCHIVE) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith("advise_accuracy/local-sgd/base-0")]
-        tar.extractall(out, members=[*members, tar.getmember("advise_accuracy/results.json")], filter="data")
+        extract_all(tar, out, [*members, tar.getmember("advise_accuracy/results.json")])
     root = out / "advise_accuracy"
     results = json.loads((root / "results.json").read_text(encoding="utf-8"))["results"]
     (workload,) = [r for r in results if r["workload"] == "local-sgd"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from archives import extract_all
 
 from tuneup.analyze.analysis import analyze_run
 from tuneup.analyze.model import RunAnalysis, SyncStrategy, from_json
@@ -32,7 +33,7 @@ EXACT_BYTES = 437_760 * 4
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunAnalysis]:
     out = tmp_path_factory.mktemp("sync_runs")
     with tarfile.open(RUNS) as tar:
-        tar.extractall(out, filter="data")
+        extract_all(tar, out)
     return {
         name: analyze_run(load_run(out / name)) for name in ("fp16", "local4", "powersgd", "powersgd_fault")
     }
