@@ -8,8 +8,8 @@
 
 Delays: `data_ms` in the collate function (every batch), `forward_ms` in each forward section,
 `backward_ms` in each backward pass (an autograd function that sleeps), `optimizer_ms` in each
-optimizer step (an SGD that sleeps). Each delay is busy-waited and recorded as it really took, with when
-it ended (INJECTED, SLEPT_MS; `clear_injected()` before a fit), so that a test can sum the delays that fell
+optimizer step (an SGD that sleeps). Each delay is busy-waited and recorded as it really took, with the time
+of its middle (INJECTED, SLEPT_MS; `clear_injected()` before a fit), so that a test can sum the delays that fell
 inside each training step's time window.
 
 A control run of the same loop pauses where the delays are, outside the training steps
