@@ -12,8 +12,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from archives import extract_all
 
+from tests.archives import extract_all
 from tests.synthetic import make_run
 from tuneup.advise import AdviceOptions, advise
 from tuneup.advise.model import Range, Setting

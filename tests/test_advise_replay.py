@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archives import extract_all
 
+from tests.archives import extract_all
 from tuneup.advise import Advice, AdviceOptions, advise
 from tuneup.advise.model import Range, Recommendation
 from tuneup.analyze.model import RunAnalysis

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from archives import extract_all
 
+from tests.archives import extract_all
 from tests.synthetic import make_run
 from tests.test_advise import obs
 from tuneup.advise import code, communication

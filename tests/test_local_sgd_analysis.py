@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from archives import extract_all
 
+from tests.archives import extract_all
 from tuneup.advise import communication, interconnect
 from tuneup.advise.context import AdviceContext
 from tuneup.advise.observe import Observation, observe

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from archives import extract_all
 
+from tests.archives import extract_all
 from tuneup.analyze.analysis import analyze_run
 from tuneup.analyze.model import RunAnalysis, SyncStrategy, from_json
 from tuneup.record import RankWriter, load_run, write_manifest
