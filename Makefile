@@ -45,14 +45,15 @@ demo: $(STAMP)
 	$(VENV)/bin/tuneup demo
 
 # Two passes: the tests that time nothing on 2 processes (a module's tests stay on one, so its shared
-# fixtures are built once), then the tests that time something alone (marked `timing`, tests/conftest.py).
+# fixtures are built once; the longest modules are handed out first, tests/conftest.py's LONGEST_FIRST),
+# then the tests that time something alone (marked `timing`, tests/conftest.py).
 # The environment may forbid writing bytecode (PYTHONDONTWRITEBYTECODE=1 here): each of the tests' processes
 # would then compile tuneup's modules anew (about 0.15 s a process), and pytest would rewrite the asserts of
 # every test module in each of its three processes (4.5 s of each 13 s collection). The tests write it:
 # tuneup's compiled once by compileall, the test modules' by pytest into __pycache__ (git ignores both).
 test: $(STAMP)
 	$(PY) -m compileall -q tuneup plugins > /dev/null
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -m "not timing" -n 2 --dist loadfile
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -m "not timing" -n 2 --dist loadfile --no-loadscope-reorder
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -m timing
 
 lint: $(STAMP)

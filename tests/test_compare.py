@@ -304,7 +304,7 @@ def test_bench_flags_a_20_percent_slower_workload_and_not_an_identical_one(tmp_p
     about 20% slower. Identical workloads, compared first, must not be flagged."""
     same = cli(
         "bench", "--cmd", f"{TINY} --slow-step-ms 10", "--baseline-cmd", f"{TINY} --slow-step-ms 10",
-        "--runs", "4", "--out", str(tmp_path / "same"), "--metrics", "throughput,step_time",
+        "--runs", "3", "--out", str(tmp_path / "same"), "--metrics", "throughput,step_time",
         "--json", str(tmp_path / "same.json"), timeout=600,
     )  # fmt: skip
     assert same.returncode == 0, same.stdout + same.stderr
@@ -314,7 +314,7 @@ def test_bench_flags_a_20_percent_slower_workload_and_not_an_identical_one(tmp_p
     assert "REGRESSION" not in verdicts.values(), verdicts
     slower = cli(
         "bench", "--cmd", f"{TINY} --slow-step-ms 12.6", "--baseline", str(tmp_path / "same" / "baseline"),
-        "--runs", "4", "--out", str(tmp_path / "slow"), "--metrics", "throughput,step_time",
+        "--runs", "3", "--out", str(tmp_path / "slow"), "--metrics", "throughput,step_time",
         "--json", str(tmp_path / "slow.json"), timeout=600,
     )  # fmt: skip
     assert slower.returncode == 1, slower.stdout + slower.stderr
