@@ -218,12 +218,15 @@ def test_a_script_whose_callback_sets_dirpath_runs_all_its_trials(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_an_fsdp2_lightningcli_script_is_tuned_over_resharding_and_batch_and_confirmed(
+def test_an_fsdp2_lightningcli_script_is_tuned_over_resharding_and_batch_and_its_best_confirmed(
     tmp_path: Path,
 ) -> None:
     """2 gloo ranks, ModelParallelStrategy (FSDP2, tune_models' configure_model) chosen on the command line:
     the tuner tries reshard_after_forward through the callback (no LightningCLI key exists for it) and the
-    batch size through the datamodule, tries no DDP comm hook on a sharded run, and confirms its best."""
+    batch size through the datamodule, tries no DDP comm hook on a sharded run, and confirms its best, or
+    keeps the current settings where no trial beat them: 40-step trials beside the other test worker's
+    processes once measured batch 16 at 3,505-3,842 samples/s and the baseline's 8 at 4,587 (the plain
+    script's test asserts a confirmation on every run)."""
     out = tmp_path / "tune"
     command = [
         "--", sys.executable, str(CLI), "lightning", "fit", "--trainer.devices=2",
@@ -256,4 +259,10 @@ def test_an_fsdp2_lightningcli_script_is_tuned_over_resharding_and_batch_and_con
         assert manifest["dataloader"]["batch_size"] == trial["config"]["batch_size"]
     assert "false" in {t["config"].get("reshard_after_forward") for t in searched}
     confirmed = [t for t in s["trials"] if t["role"] == "confirm"]
-    assert confirmed and s["result"]["verdict"] in {"IMPROVEMENT", "NO CHANGE", "INCONCLUSIVE", "REGRESSION"}
+    result = s["result"]
+    if result["best_trial"] == 0:  # the baseline measured best: nothing to confirm, and it says so
+        assert result["kept_current"] and not confirmed and "better than your current" in result["reason"]
+    else:  # the winner and the baseline rerun, interleaved
+        configs = [t["config"] for t in confirmed]
+        assert s["trials"][0]["config"] in configs and result["winner"] in configs, configs
+        assert result["verdict"] in {"IMPROVEMENT", "NO CHANGE", "INCONCLUSIVE", "REGRESSION"}
