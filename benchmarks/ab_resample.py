@@ -7,7 +7,8 @@ Reads every A/A block log ratio (step time) the directories hold: the calibratio
 the A/A trials' (aa-NN.json, aa-burner-NN.json), centred on 0. A resampled trial draws `--blocks` of them with
 replacement; a slowdown trial adds log(1 + slowdown) to each, as an injected slowdown would shift every
 block. Each is decided by the gate's rule (tuneup.compare.ab.decide_paired with the bench --ab defaults,
-or --alpha). What it assumes: blocks independent of each other, and a slowdown that shifts the log ratio
+or --alpha), looking at the blocks as the gate's sequential design does (--looks, the gate's default; 1:
+one test at the end) and stopping where it would. What it assumes: blocks independent of each other, and a slowdown that shifts the log ratio
 and leaves its spread alone; what it cannot see: a noise level that changes from one job to the next
 beyond what the pooled blocks hold. The real trials are the check on it.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from tuneup.compare.ab import DEFAULT_ALPHA, ab_rule, decide_paired
 from tuneup.compare.rule import Verdict
+from tuneup.compare.sequential import DEFAULT_FUTILITY_BUDGET, DEFAULT_LOOKS, design
 
 
 def aa_block_ratios(directories: list[Path]) -> list[float]:
@@ -36,20 +38,35 @@ def aa_block_ratios(directories: list[Path]) -> list[float]:
 
 
 def flag_rate(
-    ratios: list[float], blocks: int, slowdown: float, trials: int, alpha: float, seed: int
-) -> float:
+    ratios: list[float],
+    blocks: int,
+    slowdown: float,
+    trials: int,
+    alpha: float,
+    seed: int,
+    looks: int = DEFAULT_LOOKS,
+    futility_budget: float = DEFAULT_FUTILITY_BUDGET,
+) -> tuple[float, float]:
+    """(share of trials flagged REGRESSION, mean blocks run)."""
     rng = random.Random(seed)
     rule = ab_rule(alpha, 0.05)
+    plan = design(blocks, alpha, looks, futility_budget)
     shift = math.log1p(slowdown)
     flagged = 0
+    blocks_run = 0
     for _ in range(trials):
         drawn = [rng.choice(ratios) + shift for _ in range(blocks)]
         # decide_paired takes each block's runs; one figure a side whose log ratio is the drawn one.
         pairs = [([1.0], [math.exp(r)]) for r in drawn]
-        flagged += (
-            decide_paired("step time", pairs, higher_is_better=False, rule=rule).verdict is Verdict.REGRESSION
-        )
-    return flagged / trials
+        for look in plan.looks:
+            result = decide_paired(
+                "step time", pairs[: look.blocks], higher_is_better=False, rule=rule, look=look
+            )
+            if result.settled:
+                break
+        flagged += result.verdict is Verdict.REGRESSION
+        blocks_run += look.blocks
+    return flagged / trials, blocks_run / trials
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdowns", type=float, nargs="+", default=[0.0, 0.03, 0.05])
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
     parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument("--looks", type=int, nargs="+", default=[DEFAULT_LOOKS])
+    parser.add_argument("--futility-budget", type=float, default=DEFAULT_FUTILITY_BUDGET)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     measured = aa_block_ratios(args.directories)
@@ -73,12 +92,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(measured)} measured A/A blocks: mean log ratio {mean:+.4f} (removed), sd {sd:.4f}; "
         f"alpha {args.alpha:g}"
     )
-    header = "blocks  " + "  ".join(f"{'A/A' if s == 0 else f'{s:.0%} slower':>10}" for s in args.slowdowns)
+    header = "looks  blocks  " + "  ".join(
+        f"{'A/A' if s == 0 else f'{s:.0%} slower':>18}" for s in args.slowdowns
+    )
     print(header)
-    for blocks in args.blocks:
-        rates = [flag_rate(ratios, blocks, s, args.trials, args.alpha, args.seed) for s in args.slowdowns]
-        print(f"{blocks:>6}  " + "  ".join(f"{r:>10.1%}" for r in rates))
-    print(f"share of {args.trials} resampled trials flagged REGRESSION (seed {args.seed})")
+    for looks in args.looks:
+        for blocks in args.blocks:
+            cells = []
+            for slowdown in args.slowdowns:
+                rate, mean_blocks = flag_rate(
+                    ratios, blocks, slowdown, args.trials, args.alpha, args.seed, looks, args.futility_budget
+                )
+                cells.append(f"{rate:>7.1%} ({mean_blocks:4.1f} bl)")
+            print(f"{looks:>5}  {blocks:>6}  " + "  ".join(f"{c:>18}" for c in cells))
+    print(
+        f"share of {args.trials} resampled trials flagged REGRESSION, and the mean blocks they ran "
+        f"(seed {args.seed}; futility budget {args.futility_budget:g})"
+    )
     return 0
 
 

@@ -143,6 +143,7 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
         "step_change": step["change"],
         "step_p_worse": step["p_worse"],
         "blocks": len(step["log_ratios"]),
+        "blocks_planned": document.get("blocks_planned"),
         "block_sd": step["sd_log_ratio"],
         "alpha": document["rule"]["alpha"],
         "planned_sd": (document.get("plan") or {}).get("sd_planned"),

@@ -155,12 +155,15 @@ def test_the_planner_by_hand_and_within_the_time() -> None:
     # and n = 3 gives 4.225 < 2.920 + 1.886.
     assert blocks_needed(0.02, 0.05, alpha=0.05) == 4
     calibration = [0.02, -0.02, 0.0]  # sd 0.02 from 3 blocks: planned on 0.02 x sqrt(2 / 0.4463) = 0.0423
-    p = plan(calibration, min_detectable=0.05, alpha=0.05, seconds_per_block=60.0, max_seconds=180.0)
+    # One look (no early stop): the sequential design's plan is tests/test_sequential.py's.
+    p = plan(calibration, min_detectable=0.05, alpha=0.05, seconds_per_block=60.0, max_seconds=180.0, looks=1)
     assert p.sd_log_ratio == pytest.approx(0.02) and p.sd_planned == pytest.approx(0.0423, rel=0.01)
     assert (p.blocks_needed, p.blocks_in_time, p.blocks) == (9, 3, 3)
     assert p.detectable > 0.05  # three blocks cannot see 5%: said before starting
     assert "can detect" in p.text() and "80% upper confidence limit" in p.text()
-    roomy = plan(calibration, min_detectable=0.05, alpha=0.05, seconds_per_block=60.0, max_seconds=3600.0)
+    roomy = plan(
+        calibration, min_detectable=0.05, alpha=0.05, seconds_per_block=60.0, max_seconds=3600.0, looks=1
+    )
     assert roomy.blocks == 9 and roomy.detectable <= 0.05
     # The limit narrows to the estimate as the calibration grows: 30 blocks, 0.02 x sqrt(29 / 22.48).
     assert plan([0.02, -0.02] * 15, min_detectable=0.05, alpha=0.05).sd_planned == pytest.approx(
@@ -237,6 +240,38 @@ def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Pat
     assert (
         failure is not None and failure.get("message") == f"step time: REGRESSION, {effect} (threshold 2.5%)"
     )
+
+
+@pytest.mark.slow  # 2 x 16 runs of a fake workload: about 10 s
+@pytest.mark.parametrize(("factor", "verdict", "code"), [("1.3", "REGRESSION", 1), ("1.0", "NO CHANGE", 0)])
+def test_bench_ab_stops_at_the_first_look_once_the_verdict_is_settled(
+    tmp_path: Path, factor: str, verdict: str, code: int
+) -> None:
+    script = tmp_path / "fake_run.py"
+    script.write_text(
+        FAKE_RUN.format(root=str(Path(__file__).parent.parent), counter=str(tmp_path / "counter")),
+        encoding="utf-8",
+    )
+    result = cli(
+        "bench", "--ab", "--cmd", f"{sys.executable} {script} {factor}", "--baseline-cmd",
+        f"{sys.executable} {script} 1.0", "--calibrate-blocks", "0", "--blocks", "12", "--metrics",
+        "step_time", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"),
+        "--markdown", str(tmp_path / "ab.md"),
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "looks after blocks 4, 8, 12" in result.stdout
+    assert "settled after 4 blocks" in result.stdout
+    assert int((tmp_path / "counter").read_text()) == 4 * 4  # the 8 blocks after the first look never ran
+    document = json.loads((tmp_path / "ab.json").read_text())
+    assert (document["blocks_run"], document["blocks_planned"]) == (4, 12)
+    assert [look["blocks"] for look in document["looks"]] == [4, 8, 12]
+    (step,) = document["metrics"]
+    assert step["verdict"] == verdict and step["settled"] and len(step["log_ratios"]) == 4
+    assert step["level"] == document["looks"][0]["alpha"] < 1e-4  # the first look's level, not alpha's
+    assert "look 1 of 3, at block 4 of 12, settled" in step["reason"]
+    markdown = (tmp_path / "ab.md").read_text()
+    assert "- 4 blocks of A B B A" in markdown and "stopped early, of at most 12" in markdown
 
 
 WORK = """

@@ -23,9 +23,10 @@ treats sd as known, and a few calibration blocks estimate it loosely, so the sd 
 estimate's upper confidence limit (SD_CONFIDENCE says why). With the measured time per block and
 `--max-minutes`, it says before starting what change can be detected in the time given.
 
-No early stop: stopping at the first block whose test says p < alpha inflates the false-alarm rate well
-above alpha (each look is another chance), and a sequential rule with a proven error rate (alpha
-spending, an SPRT) is not built yet. The job runs the planned blocks and tests once.
+Early stop (tuneup.compare.sequential): the job looks at the blocks a few times (`--looks`, 4 by
+default) and stops at a look once the verdict is settled: a change past that look's level (alpha spent
+over the looks, so the false-alarm rate stays at most alpha), or the change to detect ruled out in both
+directions. At each look the test is the same paired t-test, held to the look's level.
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ from tuneup.compare.rule import (
     signed_change,
     verdict_fields,
     verdict_for,
+)
+from tuneup.compare.sequential import (
+    DEFAULT_FUTILITY_BUDGET,
+    DEFAULT_LOOKS,
+    Design,
+    Look,
+    design,
+    final_level,
+    look_blocks,
 )
 from tuneup.compare.stats import chi2_quantile, student_t_sf, t_quantile
 
@@ -156,6 +166,9 @@ class PairedComparison:
     threshold: float
     verdict: Verdict
     reason: str
+    # False only at an interim look whose blocks leave the verdict open: the job runs on.
+    settled: bool = True
+    level: float | None = None  # the level its p-values were held to (the look's, or the rule's alpha)
 
     @property
     def effect_text(self) -> str:
@@ -176,6 +189,19 @@ def _blocks(n: int) -> str:
     return f"{n} block" if n == 1 else f"{n} blocks"
 
 
+def ruled_out_p(test: PairedTest, worse_sign: float, change: float) -> tuple[float, float]:
+    """One-sided p-values that the mean log ratio lies below log(1 + change) in the worse direction and
+    above -log(1 + change) in the better one (`worse_sign`: +1 when a higher figure is worse, -1 when
+    lower is): both small rule out a change of `change` either way. Blocks that do not vary give 0 or 1."""
+    bound = math.log1p(change)
+    worse = worse_sign * test.mean_log_ratio  # > 0: worse
+    if test.sd_log_ratio == 0.0:
+        return (0.0 if worse < bound else 1.0), (0.0 if worse > -bound else 1.0)
+    se = test.sd_log_ratio / math.sqrt(test.blocks)
+    df = float(test.blocks - 1)
+    return student_t_sf((bound - worse) / se, df), student_t_sf((worse + bound) / se, df)
+
+
 def decide_paired(
     metric: str,
     blocks: Sequence[tuple[Sequence[float], Sequence[float]]],
@@ -183,11 +209,17 @@ def decide_paired(
     higher_is_better: bool,
     rule: Rule,
     unit: str = "",
+    look: Look | None = None,
 ) -> PairedComparison:
     """The verdict on one metric from (baseline runs, candidate runs) of each block, by rule.py's
-    `verdict_for` on the paired test's p-values and the ratio of its mean log ratio."""
+    `verdict_for` on the paired test's p-values and the ratio of its mean log ratio. At a `look` of a
+    sequential design the p-values are held to the look's level, and at an interim look the result says
+    whether the verdict is settled (tuneup.compare.sequential)."""
     log_ratios = tuple(block_log_ratio(a, b) for a, b in blocks)
     threshold = rule.threshold(0.0)
+    if look is not None:
+        rule = dataclasses.replace(rule, alpha=look.alpha)
+    interim = look is not None and not look.last
 
     def result(
         verdict: Verdict, reason: str, test: PairedTest | None = None, **figures: Any
@@ -201,6 +233,7 @@ def decide_paired(
             verdict=verdict,
             reason=reason,
             sd_log_ratio=None if test is None else test.sd_log_ratio,
+            level=rule.alpha,
             **{
                 "ratio": None,
                 "ci_low": None,
@@ -208,6 +241,7 @@ def decide_paired(
                 "change": None,
                 "p_worse": None,
                 "p_better": None,
+                "settled": not interim,
                 **figures,
             },
         )
@@ -230,8 +264,10 @@ def decide_paired(
         evidence = evidence_text(p_direction, rule.alpha)
     seen = change_text(metric, ratio)
     paired = f"paired over {_blocks(test.blocks)}"
+    settled = not interim
     if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         reason = f"{seen} ({evidence}, {paired}), beyond the {threshold:.1%} threshold"
+        settled = True
     elif verdict is Verdict.NO_CHANGE:
         real = ": a real change, but" if significant else ","
         reason = f"{seen} ({evidence}, {paired}){real} within the {rule.min_effect:.1%} minimum effect"
@@ -240,6 +276,17 @@ def decide_paired(
             f"{seen}, beyond the {threshold:.1%} threshold, but not significant ({evidence}, {paired}): "
             "run more blocks"
         )
+    if interim and verdict is Verdict.NO_CHANGE and look is not None and look.futility is not None:
+        # The change to detect is twice the minimum effect (ab_rule); ruled out both ways, no block to
+        # come can turn this into a regression worth the job's time.
+        to_detect = 2.0 * rule.min_effect
+        p_up, p_down = ruled_out_p(test, -1.0 if higher_is_better else 1.0, to_detect)
+        if max(p_up, p_down) < look.futility:
+            settled = True
+            ruled_out = evidence_text(max(p_up, p_down), look.futility)
+            reason += f"; a change of {to_detect:.0%} either way is ruled out ({ruled_out})"
+    if look is not None and look.of > 1:
+        reason += f" [{look.text()}{', settled' if settled and interim else ''}]"
     return result(
         verdict,
         reason,
@@ -250,6 +297,7 @@ def decide_paired(
         change=change,
         p_worse=p_worse,
         p_better=p_better,
+        settled=settled,
     )
 
 
@@ -316,9 +364,12 @@ class Plan:
     min_detectable: float
     blocks_needed: int | None  # None: more than any job would run
     blocks_in_time: int | None  # None: no time limit given
-    blocks: int  # what will run
+    blocks: int  # what will run at most
     detectable: float  # the change those blocks detect with the power
     power: float
+    looks: int = 1  # the sequential design's (tuneup.compare.sequential); 1: no early stop
+    level: float | None = None  # the last look's nominal level, which the blocks are planned at
+    planned_power: float | None = None  # the power planned for: `power` plus the futility budget
 
     def text(self) -> str:
         lines = [
@@ -329,13 +380,19 @@ class Plan:
             f"(so few blocks estimate it loosely)",
         ]
         needed = "more blocks than a job runs" if self.blocks_needed is None else _blocks(self.blocks_needed)
-        lines.append(
-            f"to detect {self.min_detectable:.1%} with power {self.power:g}: {needed} "
-            "(normal approximation with Student's quantiles)"
-        )
+        how = "normal approximation with Student's quantiles"
+        if self.looks > 1 and self.level is not None and self.planned_power is not None:
+            how += (
+                f"; {self.looks} looks: planned at the last look's level {self.level:.2g} for power "
+                f"{self.planned_power:g}, as an early 'no change' may cost {self.planned_power - self.power:g}"
+            )
+        lines.append(f"to detect {self.min_detectable:.1%} with power {self.power:g}: {needed} ({how})")
         if self.blocks_in_time is not None:
             lines.append(f"{_blocks(self.blocks_in_time)} fit in the time given")
-        lines.append(f"running {_blocks(self.blocks)}: can detect {self.detectable:.1%} in the time given")
+        most = "at most " if self.looks > 1 else ""
+        lines.append(
+            f"running {most}{_blocks(self.blocks)}: can detect {self.detectable:.1%} in the time given"
+        )
         if self.detectable > self.min_detectable and self.blocks_needed and self.seconds_per_block:
             minutes = self.blocks_needed * self.seconds_per_block / 60.0
             lines.append(
@@ -354,22 +411,38 @@ def plan(
     max_seconds: float | None = None,
     blocks: int | None = None,
     power: float = DEFAULT_POWER,
+    looks: int = DEFAULT_LOOKS,
+    futility_budget: float = DEFAULT_FUTILITY_BUDGET,
 ) -> Plan:
     """The blocks to run: `blocks` if given, else as many as detect `min_detectable`, no more than fit in
-    `max_seconds` (at least MIN_BLOCKS); and the change they can detect."""
+    `max_seconds` (at least MIN_BLOCKS); and the change they can detect. With looks > 1 the blocks are
+    planned at the last look's level, for the power plus the futility budget (tuneup.compare.sequential)."""
     if len(calibration_log_ratios) < MIN_BLOCKS:
         raise ValueError(
             f"an A/A calibration needs at least {MIN_BLOCKS} blocks, got {len(calibration_log_ratios)}"
         )
     sd = paired_t(calibration_log_ratios).sd_log_ratio
     sd_planned = sd_upper_limit(sd, len(calibration_log_ratios))
-    needed = blocks_needed(sd_planned, min_detectable, alpha, power)
+    # Planned at the last look's level for the power plus the futility budget; with fewer looks where
+    # the blocks needed are too few for them (one look: the fixed test at alpha).
+    for fewer in range(looks, 0, -1):
+        level, planned_power = (final_level(alpha, fewer), min(power + futility_budget, 0.99))
+        if fewer == 1:
+            level, planned_power = alpha, power
+        needed = blocks_needed(sd_planned, min_detectable, level, planned_power)
+        if needed is None or len(look_blocks(needed, looks)) >= fewer:
+            break
     in_time = None
     if max_seconds is not None and seconds_per_block is not None and seconds_per_block > 0:
         in_time = max(0, int(max_seconds // seconds_per_block))
     if blocks is None:
         candidates = [n for n in (needed, in_time) if n is not None]
         blocks = max(MIN_BLOCKS, min(candidates)) if candidates else 50
+    running = design(blocks, alpha, looks, futility_budget)
+    if len(running.looks) > 1:
+        level, planned_power = running.looks[-1].alpha, min(power + futility_budget, 0.99)
+    else:
+        level, planned_power = alpha, power
     return Plan(
         calibration_blocks=len(calibration_log_ratios),
         sd_log_ratio=sd,
@@ -379,8 +452,11 @@ def plan(
         blocks_needed=needed,
         blocks_in_time=in_time,
         blocks=blocks,
-        detectable=detectable_change(sd_planned, blocks, alpha, power),
+        detectable=detectable_change(sd_planned, blocks, level, planned_power),
         power=power,
+        looks=len(running.looks),
+        level=level,
+        planned_power=planned_power,
     )
 
 
@@ -393,10 +469,11 @@ def run_blocks(
     *,
     timeout_s: float,
     echo: Callable[[str], None] = print,
+    stop: Callable[[list[dict[str, list[Path]]]], bool] | None = None,
 ) -> tuple[list[dict[str, list[Path]]], float]:
     """Run the schedule's blocks with bench's runner (`run_bench`: one run each, recorded through
     TUNEUP_DIR); returns each block's run directories by side, in running order, and the mean seconds a
-    block took."""
+    block took. `stop`, asked with the blocks done after each block, ends the job early when it says so."""
     from tuneup.compare.bench import run_bench
 
     workloads = {BASELINE: baseline, CANDIDATE: candidate}
@@ -419,7 +496,10 @@ def run_blocks(
         if i % RUNS_PER_BLOCK == RUNS_PER_BLOCK - 1:
             sides = " ".join(SLOT[s] for _, s in order[i - 3 : i + 1])
             echo(f"block {block + 1}/{blocks} ({sides}): {time.monotonic() - started_s:.1f} s so far")
-    return runs, (time.monotonic() - started_s) / blocks
+            if stop is not None and block + 1 < blocks and stop(runs[: block + 1]):
+                runs = runs[: block + 1]
+                break
+    return runs, (time.monotonic() - started_s) / len(runs)
 
 
 def exit_code(results: Sequence[PairedComparison], *, inconclusive_fails: bool, detailed: bool) -> int:
@@ -461,10 +541,14 @@ def format_table(results: Sequence[PairedComparison]) -> str:
     return "\n".join(lines)
 
 
-def describe_rule(rule: Rule) -> str:
+def describe_rule(rule: Rule, design: Design | None = None) -> str:
     """The A/B's rule in words (Rule.describe states `tuneup compare`'s unpaired one)."""
+    level = f"p < {rule.alpha:g}"
+    if design is not None and len(design.looks) > 1:
+        levels = ", ".join(f"{look.alpha:.2g}" for look in design.looks)
+        level = f"p < the look's level (alpha {rule.alpha:g} spent over {len(design.looks)} looks: {levels})"
     return (
-        f"one-sided paired t-test on the blocks' log ratios, p < {rule.alpha:g}, and a change beyond "
+        f"one-sided paired t-test on the blocks' log ratios, {level}, and a change beyond "
         f"{rule.threshold(0.0):.1%} (half the change to detect)"
     )
 
@@ -491,6 +575,7 @@ def format_markdown(
     rule: Rule,
     plan: Plan | None,
     skipped: Mapping[str, str] | None = None,
+    design: Design | None = None,
 ) -> str:
     """For a GitHub job summary or a pull-request comment: the verdicts (one effect figure a metric, as
     the table), the two sides, the blocks and what they could detect."""
@@ -532,6 +617,14 @@ def format_markdown(
     lines.append(f"- baseline (A): {code(baseline)}")
     lines.append(f"- candidate (B): {code(candidate)}")
     lines.append(f"- {_blocks(blocks)} of A B B A or B A A B, order drawn with seed {seed}")
+    if design is not None and len(design.looks) > 1:
+        planned = design.looks[-1].blocks
+        stopped = (
+            f"stopped early, of at most {planned}: the verdict was settled"
+            if blocks < planned
+            else "all planned"
+        )
+        lines.append(f"- {stopped}; {markdown_text(design.text())}")
     if plan is not None:
         lines.extend(f"- {markdown_text(line)}" for line in plan.text().splitlines())
     else:

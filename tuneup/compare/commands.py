@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneup.compare.runs import METRICS, CompareInputError, RunSummary, Side, load_side
+from tuneup.compare.sequential import DEFAULT_LOOKS
 
 ENV_GITHUB_SUMMARY = "GITHUB_STEP_SUMMARY"
 
@@ -210,6 +211,13 @@ def add_ab_arguments(bench: argparse.ArgumentParser) -> None:
         "--calibration",
         metavar="JSON",
         help="plan from a previous A/A's --json (the same command on both sides) instead of running one",
+    )
+    group.add_argument(
+        "--looks",
+        type=int,
+        default=DEFAULT_LOOKS,
+        help="times the blocks are tested on the way, the last at the end: the job stops at a look once "
+        "the verdict is settled, with alpha spent over the looks (default: %(default)s; 1: no early stop)",
     )
 
 
@@ -502,6 +510,8 @@ def _bench_ab(args: argparse.Namespace) -> int:
         )
     if args.blocks is not None and args.blocks < ab.MIN_BLOCKS:
         raise CompareInputError(f"--blocks must be at least {ab.MIN_BLOCKS}, got {args.blocks}")
+    if args.looks < 1:
+        raise CompareInputError(f"--looks must be at least 1 (1: no early stop), got {args.looks}")
     if args.calibrate_blocks < 0 or args.calibrate_blocks == 1:
         raise CompareInputError(f"--calibrate-blocks must be 0 or at least {ab.MIN_BLOCKS}")
     rule = ab.ab_rule(ab.DEFAULT_ALPHA if args.alpha is None else args.alpha, args.min_detectable)
@@ -530,9 +540,10 @@ def _run_ab(
     metrics: list[str],
     plan_metric: str,
 ) -> int:
-    from tuneup.compare import ab
+    from tuneup.compare import ab, sequential
     from tuneup.compare.compare import not_recorded_reason, zero_reason
     from tuneup.compare.junit import suite_xml
+    from tuneup.compare.rule import Verdict
 
     started_s = time.monotonic()
 
@@ -600,6 +611,7 @@ def _run_ab(
             seconds_per_block=seconds_per_block,
             max_seconds=left_s,
             blocks=args.blocks,
+            looks=args.looks,
         )
         print(plan.text())
     elif args.blocks is None:
@@ -607,31 +619,60 @@ def _run_ab(
     else:
         print("no A/A calibration: what change these blocks can detect is not known")
     blocks_to_run = plan.blocks if plan is not None else args.blocks
-    print(f"\nA/B: {blocks_to_run} blocks, seed {args.seed}")
-    ab_blocks, seconds_per_block = ab.run_blocks(
-        baseline, candidate, blocks_to_run, args.seed, out / "ab", timeout_s=args.timeout
-    )
-    results, skipped = [], {}
-    for name in metrics:
-        pairs = block_figures(ab_blocks, name)
-        if isinstance(pairs, str):
-            print(f"{name}: {pairs}; skipped")
-            skipped[name] = pairs
-            continue
-        metric = METRICS[name]
-        results.append(
-            ab.decide_paired(
-                metric.label, pairs, higher_is_better=metric.higher_is_better, rule=rule, unit=metric.unit
+    design = sequential.design(blocks_to_run, rule.alpha, args.looks)
+    print(f"\nA/B: at most {blocks_to_run} blocks, seed {args.seed}; {design.text()}")
+
+    def decide(blocks: list[dict[str, list[Path]]]) -> tuple[list[Any], dict[str, str]]:
+        """Every metric's verdict at the look these blocks reach, and the metrics that cannot be compared."""
+        look = design.look_at(len(blocks))
+        results, skipped = [], {}
+        for name in metrics:
+            pairs = block_figures(blocks, name)
+            if isinstance(pairs, str):
+                skipped[name] = pairs
+                continue
+            metric = METRICS[name]
+            results.append(
+                ab.decide_paired(
+                    metric.label,
+                    pairs,
+                    higher_is_better=metric.higher_is_better,
+                    rule=rule,
+                    unit=metric.unit,
+                    look=look,
+                )
             )
-        )
+        return results, skipped
+
+    def settled(blocks: list[dict[str, list[Path]]]) -> bool:
+        """At a look: stop once a regression is settled (the gate fails whatever else comes) or every
+        metric's verdict is."""
+        if design.look_at(len(blocks)) is None:
+            return False
+        results, _ = decide(blocks)
+        regressed = any(r.settled and r.verdict is Verdict.REGRESSION for r in results)
+        if regressed or (results and all(r.settled for r in results)):
+            print(
+                f"settled after {len(blocks)} blocks: "
+                + "; ".join(f"{r.metric} {r.verdict.value}" for r in results)
+            )
+            return True
+        return False
+
+    ab_blocks, seconds_per_block = ab.run_blocks(
+        baseline, candidate, blocks_to_run, args.seed, out / "ab", timeout_s=args.timeout, stop=settled
+    )
+    results, skipped = decide(ab_blocks)
+    for name, why in skipped.items():
+        print(f"{name}: {why}; skipped")
     print()
     print(ab.format_table(results))
     blocks_run = len(ab_blocks)
     properties = (
         ("baseline", baseline.shown),
         ("candidate", candidate.shown),
-        ("blocks", f"{blocks_run} (seed {args.seed})"),
-        ("rule", ab.describe_rule(rule)),
+        ("blocks", f"{blocks_run} of at most {blocks_to_run} (seed {args.seed})"),
+        ("rule", ab.describe_rule(rule, design)),
     )
     _write_ci_outputs(
         args,
@@ -644,6 +685,7 @@ def _run_ab(
             rule=rule,
             plan=plan,
             skipped=skipped,
+            design=design,
         ),
         suite_xml("tuneup bench --ab", properties, results, skipped),
     )
@@ -653,6 +695,9 @@ def _run_ab(
             "seconds_per_block": seconds_per_block,
             "plan": None if plan is None else dataclasses.asdict(plan),
             "rule": dataclasses.asdict(rule),
+            "blocks_run": blocks_run,
+            "blocks_planned": blocks_to_run,
+            "looks": [dataclasses.asdict(look) for look in design.looks],
             "verdict": ab.verdict_word(results),
             "metrics": [r.as_dict() for r in results],
         }

@@ -217,7 +217,8 @@ def evidence_text(p: float, alpha: float) -> str:
     """p against alpha as a verdict's reason states it: 'p = 0.019 < 0.05', 'p = 0.12 >= 0.05'; 'p < 0.001'
     already says its side of alpha."""
     text = p_value_text(p, alpha)
-    return text if text.startswith("p <") else f"{text} {'<' if p < alpha else '>='} {alpha:g}"
+    # alpha to 3 digits: a sequential look's level (tuneup.compare.sequential) is no round number.
+    return text if text.startswith("p <") else f"{text} {'<' if p < alpha else '>='} {alpha:.3g}"
 
 
 def effect_percent(ratio: float) -> str:

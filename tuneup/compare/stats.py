@@ -6,6 +6,7 @@ needed here are short. `student_t_sf` is checked against high-precision referenc
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -202,6 +203,7 @@ def welch(a: Sequence[float], b: Sequence[float]) -> WelchResult:
     return WelchResult(t=t, df=df, p_b_less=p_less, p_b_greater=p_greater)
 
 
+@functools.lru_cache(maxsize=4096)  # a bisection of 100 survival functions; the A/B's looks ask the same few
 def t_quantile(upper_tail: float, df: float) -> float:
     """t with P(T > t) = upper_tail for Student's t with `df` degrees of freedom (0 < upper_tail < 0.5)."""
     low, high = 0.0, 1.0
