@@ -11,6 +11,10 @@ or --alpha), looking at the blocks as the gate's sequential design does (--looks
 one test at the end) and stopping where it would. What it assumes: blocks independent of each other, and a slowdown that shifts the log ratio
 and leaves its spread alone; what it cannot see: a noise level that changes from one job to the next
 beyond what the pooled blocks hold. The real trials are the check on it.
+
+`--replay` instead walks each saved trial's own blocks (every metric, in the order they ran) through the
+looks, as `tuneup bench --ab` would have with `--looks` over the blocks that trial planned: which verdict,
+after how many blocks, against the verdict the trial gave.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import random
 import sys
 from pathlib import Path
 
-from tuneup.compare.ab import DEFAULT_ALPHA, ab_rule, decide_paired
+from tuneup.compare.ab import DEFAULT_ALPHA, ab_rule, decide_paired, gate_settled, verdict_word
 from tuneup.compare.rule import Verdict
 from tuneup.compare.sequential import DEFAULT_FUTILITY_BUDGET, DEFAULT_LOOKS, design
 
@@ -69,6 +73,34 @@ def flag_rate(
     return flagged / trials, blocks_run / trials
 
 
+def replay(paths: list[Path], looks: int, futility_budget: float) -> None:
+    """Each trial's blocks through the looks (the gate's stop rule on all its metrics)."""
+    for path in paths:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        rule_fields = document["rule"]
+        rule = ab_rule(rule_fields["alpha"], 2.0 * rule_fields["min_effect"])
+        metrics = document["metrics"]
+        planned = len(metrics[0]["log_ratios"])
+        for look in design(planned, rule.alpha, looks, futility_budget).looks:
+            results = [
+                decide_paired(
+                    m["metric"],
+                    [([1.0], [math.exp(r)]) for r in m["log_ratios"][: look.blocks]],
+                    higher_is_better=m["higher_is_better"],
+                    rule=rule,
+                    look=look,
+                )
+                for m in metrics
+            ]
+            if gate_settled(results):
+                break
+        regressions = [r.metric for r in results if r.verdict is Verdict.REGRESSION]
+        print(
+            f"{path.parent.name}/{path.stem}: {verdict_word(results)} after {look.blocks} of {planned} blocks "
+            f"{regressions or ''}; the trial: {document['verdict']}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directories", nargs="+", type=Path)
@@ -79,7 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--looks", type=int, nargs="+", default=[DEFAULT_LOOKS])
     parser.add_argument("--futility-budget", type=float, default=DEFAULT_FUTILITY_BUDGET)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--replay", action="store_true", help="walk each saved trial's blocks through the looks"
+    )
     args = parser.parse_args(argv)
+    if args.replay:
+        paths = [
+            p for d in args.directories for p in sorted(d.glob("*.json")) if p.name != "calibration.json"
+        ]
+        replay(paths, args.looks[0], args.futility_budget)
+        return 0
     measured = aa_block_ratios(args.directories)
     if len(measured) < 10:
         parser.error(f"only {len(measured)} A/A blocks found; run more A/A trials first")

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tuneup.compare.ab import ab_rule, decide_paired, plan
+from tuneup.compare.ab import ab_rule, decide_paired, gate_settled, plan
 from tuneup.compare.rule import Verdict
 from tuneup.compare.sequential import (
     Look,
@@ -133,3 +133,20 @@ def test_a_look_settles_a_clear_verdict_and_leaves_an_open_one_running() -> None
     # The last look decides whatever it sees, at its own level (below alpha: some was spent earlier).
     assert at(last, 0.0, 0.06).settled and last.alpha < 0.01
     assert at(last, 0.0, 0.06).level == last.alpha
+
+
+def test_the_gate_stops_on_a_settled_regression_or_when_every_metric_is_settled() -> None:
+    rule = ab_rule(alpha=0.01, min_detectable=0.05)
+    first = design(30, 0.01, looks=3).looks[0]
+    rng = random.Random(9)
+
+    def metric(mean: float, sd: float):
+        pairs = [([1.0], [math.exp(rng.gauss(mean, sd))]) for _ in range(first.blocks)]
+        return decide_paired("step time", pairs, higher_is_better=False, rule=rule, look=first)
+
+    regressed, quiet, noisy = metric(math.log(1.3), 0.01), metric(0.0, 0.005), metric(0.0, 0.15)
+    assert (regressed.settled, quiet.settled, noisy.settled) == (True, True, False)
+    assert gate_settled([regressed, noisy])  # the gate fails whatever the noisy metric says later
+    assert gate_settled([quiet, quiet])
+    assert not gate_settled([quiet, noisy])  # a metric still open keeps the job running
+    assert not gate_settled([])

@@ -515,6 +515,14 @@ def exit_code(results: Sequence[PairedComparison], *, inconclusive_fails: bool, 
     return 1 if inconclusive_fails and Verdict.INCONCLUSIVE in verdicts else 0
 
 
+def gate_settled(results: Sequence[PairedComparison]) -> bool:
+    """Whether the job may stop at this look: a regression is settled (the gate fails whatever the
+    blocks to come say of the other metrics), or every metric's verdict is."""
+    if any(r.settled and r.verdict is Verdict.REGRESSION for r in results):
+        return True
+    return bool(results) and all(r.settled for r in results)
+
+
 def verdict_word(results: Sequence[PairedComparison]) -> str:
     """The gate's word, as the CI history keeps it (regression, inconclusive, improvement, no_change)."""
     verdicts = {r.verdict for r in results}

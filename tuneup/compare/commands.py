@@ -543,7 +543,6 @@ def _run_ab(
     from tuneup.compare import ab, sequential
     from tuneup.compare.compare import not_recorded_reason, zero_reason
     from tuneup.compare.junit import suite_xml
-    from tuneup.compare.rule import Verdict
 
     started_s = time.monotonic()
 
@@ -645,13 +644,10 @@ def _run_ab(
         return results, skipped
 
     def settled(blocks: list[dict[str, list[Path]]]) -> bool:
-        """At a look: stop once a regression is settled (the gate fails whatever else comes) or every
-        metric's verdict is."""
         if design.look_at(len(blocks)) is None:
             return False
         results, _ = decide(blocks)
-        regressed = any(r.settled and r.verdict is Verdict.REGRESSION for r in results)
-        if regressed or (results and all(r.settled for r in results)):
+        if ab.gate_settled(results):
             print(
                 f"settled after {len(blocks)} blocks: "
                 + "; ".join(f"{r.metric} {r.verdict.value}" for r in results)
