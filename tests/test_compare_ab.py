@@ -366,3 +366,23 @@ def test_sigterm_ends_the_runs_and_removes_the_baseline_worktree(tmp_path: Path)
     assert not (out / "baseline-tree").exists()
     listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
     assert len(listed.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--looks", "0"], "--looks must be at least 1"),
+        (["--alpha", "0.6"], "--alpha must be below 0.5"),
+        (["--blocks", "1"], "--blocks must be at least 2"),
+        (["--calibrate-blocks", "1"], "--calibrate-blocks must be 0 or at least 2"),
+    ],
+)
+def test_bad_ab_options_are_exit_2_naming_the_option(
+    tmp_path: Path, options: list[str], message: str
+) -> None:
+    result = cli(
+        "bench", "--ab", "--cmd", "true", "--baseline-cmd", "true", "--out", str(tmp_path / "out"),
+        *(["--blocks", "3"] if "--blocks" not in options else []), *options,
+    )  # fmt: skip
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()  # refused before any run

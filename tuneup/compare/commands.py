@@ -515,6 +515,9 @@ def _bench_ab(args: argparse.Namespace) -> int:
     if args.calibrate_blocks < 0 or args.calibrate_blocks == 1:
         raise CompareInputError(f"--calibrate-blocks must be 0 or at least {ab.MIN_BLOCKS}")
     rule = ab.ab_rule(ab.DEFAULT_ALPHA if args.alpha is None else args.alpha, args.min_detectable)
+    if rule.alpha >= 0.5:
+        # A one-sided test at 0.5 or more flags a coin's toss; the looks' boundaries are not defined there.
+        raise CompareInputError(f"--alpha must be below 0.5 with --ab (0.01 by default), got {rule.alpha}")
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:

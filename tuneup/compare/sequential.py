@@ -153,6 +153,8 @@ class Look:
 
 @dataclass(frozen=True)
 class Design:
+    """A job's looks, the last at its planned end, and what was asked of them."""
+
     looks: tuple[Look, ...]
     alpha: float
     futility_budget: float
