@@ -274,6 +274,35 @@ def test_bench_ab_stops_at_the_first_look_once_the_verdict_is_settled(
     assert "- 4 blocks of A B B A" in markdown and "stopped early, of at most 12" in markdown
 
 
+@pytest.mark.slow  # a few runs of a fake workload: about 4 s
+def test_bench_ab_ends_within_max_minutes_and_decides_on_the_blocks_it_ran(tmp_path: Path) -> None:
+    script = tmp_path / "fake_run.py"
+    script.write_text(
+        FAKE_RUN.format(root=str(Path(__file__).parent.parent), counter=str(tmp_path / "counter")),
+        encoding="utf-8",
+    )
+    result = cli(
+        "bench", "--ab", "--cmd", f"{sys.executable} {script} 1.3", "--baseline-cmd",
+        f"{sys.executable} {script} 1.0", "--calibrate-blocks", "0", "--blocks", "40", "--max-minutes",
+        "0.05", "--metrics", "step_time", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"),
+        "--markdown", str(tmp_path / "ab.md"),
+        timeout=300,
+    )  # fmt: skip
+    # 3 s for 40 blocks of 4 processes: it stops at the first block the next would not fit after (at
+    # least 2, for a test), and the 30% slowdown is a regression at the alpha left.
+    assert result.returncode == 1, result.stdout + result.stderr
+    document = json.loads((tmp_path / "ab.json").read_text())
+    ran = document["blocks_run"]
+    assert 2 <= ran < 40 and document["blocks_planned"] == 40
+    assert f"stopping after {ran} of 40 blocks" in result.stdout
+    assert [look["blocks"] for look in document["looks"]] == [ran]  # before the first planned look (14)
+    (step,) = document["metrics"]
+    assert step["verdict"] == "REGRESSION" and step["level"] == pytest.approx(0.01)
+    assert (
+        f"stopped {40 - ran} blocks short of the 40 planned: out of time" in (tmp_path / "ab.md").read_text()
+    )
+
+
 WORK = """
 import os, sys
 from pathlib import Path

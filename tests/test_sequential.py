@@ -45,7 +45,7 @@ def test_spending_reaches_alpha_at_the_end_and_one_look_is_the_fixed_test() -> N
     assert upper_tail(efficacy_boundaries((1.0,), 0.01)[0]) == pytest.approx(0.01)
     assert final_level(0.01, 1) == 0.01
     assert 0.009 < final_level(0.01, 3) < 0.01  # the last look keeps nearly all of alpha
-    with pytest.raises(ValueError, match="increase to 1"):
+    with pytest.raises(ValueError, match="must increase"):
         efficacy_boundaries((0.5, 0.4, 1.0), 0.01)
 
 
@@ -77,16 +77,22 @@ def test_the_looks_keep_the_false_alarm_rate_at_alpha_where_peeking_does_not() -
     sequential = design(30, 0.05, looks=3).looks
     # The same looks each at alpha: stopping at the first p < alpha.
     peeking = tuple(dataclasses.replace(look, alpha=0.05, futility=None) for look in sequential)
+    # Out of time after 15 blocks: the first look as planned, then the rest of alpha at block 15.
+    ended = design(30, 0.05, looks=3, end_blocks=15).looks
+    assert [look.blocks for look in ended] == [10, 15]
+    assert (ended[0].alpha, ended[0].futility) == (sequential[0].alpha, sequential[0].futility)
     rng = random.Random(11)
     trials = 6000
-    flagged = {"sequential": 0, "peeking": 0}
+    flagged = {"sequential": 0, "peeking": 0, "ended": 0}
     for _ in range(trials):
         ratios = [rng.gauss(0.0, 0.03) for _ in range(30)]
         flagged["sequential"] += _gate(ratios, sequential, rule)[0] is Verdict.REGRESSION
         flagged["peeking"] += _gate(ratios, peeking, rule)[0] is Verdict.REGRESSION
-    # Binomial sd at 0.05 over 6,000 trials: 0.0028. Peeking three times gives about 0.08.
+        flagged["ended"] += _gate(ratios, ended, rule)[0] is Verdict.REGRESSION
+    # Binomial sd at 0.05 over 6,000 trials: 0.0028. Peeking three times gives about 0.1.
     assert flagged["sequential"] / trials < 0.058
     assert flagged["peeking"] / trials > 0.07
+    assert 0.042 < flagged["ended"] / trials < 0.058  # the early end spends alpha, no more and not much less
 
 
 def test_the_planned_looks_keep_the_power_and_stop_early_without_a_change() -> None:

@@ -625,14 +625,17 @@ def format_markdown(
     lines.append(f"- baseline (A): {code(baseline)}")
     lines.append(f"- candidate (B): {code(candidate)}")
     lines.append(f"- {_blocks(blocks)} of A B B A or B A A B, order drawn with seed {seed}")
-    if design is not None and len(design.looks) > 1:
-        planned = design.looks[-1].blocks
-        stopped = (
-            f"stopped early, of at most {planned}: the verdict was settled"
-            if blocks < planned
-            else "all planned"
-        )
-        lines.append(f"- {stopped}; {markdown_text(design.text())}")
+    if design is not None:
+        last = design.looks[-1]
+        if last.blocks < last.planned_blocks:
+            short = last.planned_blocks - last.blocks
+            lines.append(
+                f"- stopped {_blocks(short)} short of the {last.planned_blocks} planned: out of time"
+            )
+        elif blocks < last.blocks:
+            lines.append(f"- stopped early, of at most {last.blocks}: the verdict was settled")
+        if len(design.looks) > 1:
+            lines.append(f"- {markdown_text(design.text())}")
     if plan is not None:
         lines.extend(f"- {markdown_text(line)}" for line in plan.text().splitlines())
     else:

@@ -646,7 +646,25 @@ def _run_ab(
             )
         return results, skipped
 
+    ab_started_s = time.monotonic()
+
     def settled(blocks: list[dict[str, list[Path]]]) -> bool:
+        nonlocal design
+        now_s = time.monotonic()
+        next_block_s = (now_s - ab_started_s) / len(blocks)
+        if (
+            args.max_minutes is not None
+            and len(blocks) >= ab.MIN_BLOCKS
+            and now_s - started_s + next_block_s > args.max_minutes * 60.0
+        ):
+            # Out of time: an end that does not depend on what the blocks said, so this block becomes
+            # the last look and spends what is left of alpha (tuneup.compare.sequential.design).
+            design = sequential.design(blocks_to_run, rule.alpha, args.looks, end_blocks=len(blocks))
+            print(
+                f"stopping after {len(blocks)} of {blocks_to_run} blocks: another ({next_block_s:.0f} s) "
+                f"would pass --max-minutes {args.max_minutes:g}; deciding on these at the remaining alpha"
+            )
+            return True
         if design.look_at(len(blocks)) is None:
             return False
         results, _ = decide(blocks)

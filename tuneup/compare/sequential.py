@@ -101,24 +101,30 @@ def _carried(
 
 @functools.lru_cache(maxsize=64)
 def efficacy_boundaries(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
-    """The z boundaries c_1..c_K at the looks' shares of the blocks (increasing, the last 1): under no
-    change, P(Z_j < c_j for j < k, Z_k >= c_k) = alpha(t_k) - alpha(t_{k-1}) for every k."""
-    if not fractions or fractions[-1] != 1.0 or any(b <= a for a, b in itertools.pairwise(fractions)):
-        raise ValueError(f"looks' shares must increase to 1, got {fractions}")
+    """The z boundaries c_1..c_K at the looks' shares of the planned blocks (increasing, at most 1): under
+    no change, P(Z_j < c_j for j < k, Z_k >= c_k) = alpha(t_k) - alpha(t_{k-1}) for every k but the last,
+    which spends what is left of alpha. A job that ends before its plan (out of time: an end that does
+    not depend on what the blocks said) so keeps alpha whole, and its earlier looks' boundaries are the
+    ones it used, since c_k depends on t_1..t_k only (Lan & DeMets's point)."""
+    if not fractions or fractions[-1] > 1.0 or any(b <= a for a, b in itertools.pairwise(fractions)):
+        raise ValueError(f"looks' shares must increase, to at most 1, got {fractions}")
     if not 0.0 < alpha < 0.5:
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha}")
+    if len(fractions) == 1:
+        return (_NORMAL.inv_cdf(1.0 - alpha),)
     bounds = [_NORMAL.inv_cdf(1.0 - alpha_spent(fractions[0], alpha))]
     # Z_1's density on the continuation region (Z_1 < c_1), weighted for Simpson's rule.
     points, weights = _simpson(Z_LOW, bounds[0])
     mass = [w * _NORMAL.pdf(z) for z, w in zip(points, weights, strict=True)]
     for t_before, t_now in itertools.pairwise(fractions):
-        target = alpha_spent(t_now, alpha) - alpha_spent(t_before, alpha)
+        spent = alpha if t_now == fractions[-1] else alpha_spent(t_now, alpha)
+        target = spent - alpha_spent(t_before, alpha)
         low, high = -10.0, 40.0
         for _ in range(80):  # bisection: the crossing probability falls as the boundary rises
             mid = 0.5 * (low + high)
             low, high = (mid, high) if _crossing(mid, points, mass, t_before, t_now) > target else (low, mid)
         bounds.append(0.5 * (low + high))
-        if t_now < 1.0:
+        if t_now < fractions[-1]:
             points, mass = _carried(points, mass, t_before, t_now, bounds[-1])
     return tuple(bounds)
 
@@ -184,15 +190,21 @@ def design(
     alpha: float,
     looks: int = DEFAULT_LOOKS,
     futility_budget: float = DEFAULT_FUTILITY_BUDGET,
+    *,
+    end_blocks: int | None = None,
 ) -> Design:
-    """The looks of a job that plans `planned_blocks` blocks, with each look's levels."""
+    """The looks of a job that plans `planned_blocks` blocks, with each look's levels; `end_blocks`: the
+    job ended there instead (out of time), its last look, the planned looks before it unchanged."""
     if not 0.0 <= futility_budget < 1.0:
         raise ValueError(f"the futility budget must be in [0, 1), got {futility_budget}")
     counts = look_blocks(planned_blocks, looks)
+    # The futility level as planned: the looks already made keep theirs when the job ends early.
+    futility = futility_budget / (len(counts) - 1) if len(counts) > 1 and futility_budget > 0 else None
+    if end_blocks is not None and end_blocks < planned_blocks:
+        counts = (*(n for n in counts if n < end_blocks), end_blocks)
     fractions = tuple(n / planned_blocks for n in counts)
     levels = [upper_tail(c) for c in efficacy_boundaries(fractions, alpha)]
     interim = len(counts) - 1
-    futility = futility_budget / interim if interim and futility_budget > 0 else None
     return Design(
         looks=tuple(
             Look(
