@@ -277,8 +277,9 @@ def decide_paired(
             "run more blocks"
         )
     if interim and verdict is Verdict.NO_CHANGE and look is not None and look.futility is not None:
-        # The change to detect is twice the minimum effect (ab_rule); ruled out both ways, no block to
-        # come can turn this into a regression worth the job's time.
+        # The change to detect is twice the minimum effect (ab_rule). Ruled out both ways at the look's
+        # futility level, the job stops; how often that stops a true change of that size is bounded by
+        # the futility budget, which the plan's power already pays (tuneup.compare.sequential).
         to_detect = 2.0 * rule.min_effect
         p_up, p_down = ruled_out_p(test, -1.0 if higher_is_better else 1.0, to_detect)
         if max(p_up, p_down) < look.futility:
