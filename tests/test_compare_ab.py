@@ -194,20 +194,30 @@ synthetic_run(Path(os.environ["TUNEUP_DIR"]), 10.0 * float(sys.argv[1]) * (1 + 0
 """
 
 
-@pytest.mark.slow  # 20 runs of a fake workload: about 7 s
-def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Path) -> None:
+def _fake_ab(tmp_path: Path, factor: str, *options: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """`bench --ab` of FAKE_RUN at `factor` against 1.0 on step time, with --json and --markdown in tmp_path:
+    the process and its JSON (None where none was written)."""
     script = tmp_path / "fake_run.py"
     script.write_text(
         FAKE_RUN.format(root=str(Path(__file__).parent.parent), counter=str(tmp_path / "counter")),
         encoding="utf-8",
     )
     result = cli(
-        "bench", "--ab", "--cmd", f"{sys.executable} {script} 1.05", "--baseline-cmd",
-        f"{sys.executable} {script} 1.0", "--calibrate-blocks", "2", "--blocks", "3", "--seed", "5",
-        "--metrics", "step_time", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"),
-        "--markdown", str(tmp_path / "ab.md"), "--junit", str(tmp_path / "ab.xml"),
-        "--history", str(tmp_path / "history.jsonl"),
+        "bench", "--ab", "--cmd", f"{sys.executable} {script} {factor}", "--baseline-cmd",
+        f"{sys.executable} {script} 1.0", "--calibrate-blocks", "0", "--metrics", "step_time",
+        "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"), "--markdown", str(tmp_path / "ab.md"),
+        *options,
         timeout=300,
+    )  # fmt: skip
+    written = tmp_path / "ab.json"
+    return result, json.loads(written.read_text()) if written.is_file() else None
+
+
+@pytest.mark.slow  # 20 runs of a fake workload: about 7 s
+def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Path) -> None:
+    result, _ = _fake_ab(
+        tmp_path, "1.05", "--calibrate-blocks", "2", "--blocks", "3", "--seed", "5",
+        "--junit", str(tmp_path / "ab.xml"), "--history", str(tmp_path / "history.jsonl"),
     )  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
     assert "can detect" in result.stdout
@@ -247,23 +257,12 @@ def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Pat
 def test_bench_ab_stops_at_the_first_look_once_the_verdict_is_settled(
     tmp_path: Path, factor: str, verdict: str, code: int
 ) -> None:
-    script = tmp_path / "fake_run.py"
-    script.write_text(
-        FAKE_RUN.format(root=str(Path(__file__).parent.parent), counter=str(tmp_path / "counter")),
-        encoding="utf-8",
-    )
-    result = cli(
-        "bench", "--ab", "--cmd", f"{sys.executable} {script} {factor}", "--baseline-cmd",
-        f"{sys.executable} {script} 1.0", "--calibrate-blocks", "0", "--blocks", "12", "--metrics",
-        "step_time", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"),
-        "--markdown", str(tmp_path / "ab.md"),
-        timeout=300,
-    )  # fmt: skip
+    result, document = _fake_ab(tmp_path, factor, "--blocks", "12")
     assert result.returncode == code, result.stdout + result.stderr
     assert "looks after blocks 4, 8, 12" in result.stdout
     assert "settled after 4 blocks" in result.stdout
     assert int((tmp_path / "counter").read_text()) == 4 * 4  # the 8 blocks after the first look never ran
-    document = json.loads((tmp_path / "ab.json").read_text())
+    assert document is not None
     assert (document["blocks_run"], document["blocks_planned"]) == (4, 12)
     assert [look["blocks"] for look in document["looks"]] == [4, 8, 12]
     (step,) = document["metrics"]
@@ -276,22 +275,10 @@ def test_bench_ab_stops_at_the_first_look_once_the_verdict_is_settled(
 
 @pytest.mark.slow  # a few runs of a fake workload: about 4 s
 def test_bench_ab_ends_within_max_minutes_and_decides_on_the_blocks_it_ran(tmp_path: Path) -> None:
-    script = tmp_path / "fake_run.py"
-    script.write_text(
-        FAKE_RUN.format(root=str(Path(__file__).parent.parent), counter=str(tmp_path / "counter")),
-        encoding="utf-8",
-    )
-    result = cli(
-        "bench", "--ab", "--cmd", f"{sys.executable} {script} 1.3", "--baseline-cmd",
-        f"{sys.executable} {script} 1.0", "--calibrate-blocks", "0", "--blocks", "40", "--max-minutes",
-        "0.05", "--metrics", "step_time", "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"),
-        "--markdown", str(tmp_path / "ab.md"),
-        timeout=300,
-    )  # fmt: skip
+    result, document = _fake_ab(tmp_path, "1.3", "--blocks", "40", "--max-minutes", "0.05")
     # 3 s for 40 blocks of 4 processes: it stops at the first block the next would not fit after (at
     # least 2, for a test), and the 30% slowdown is a regression at the alpha left.
-    assert result.returncode == 1, result.stdout + result.stderr
-    document = json.loads((tmp_path / "ab.json").read_text())
+    assert result.returncode == 1 and document is not None, result.stdout + result.stderr
     ran = document["blocks_run"]
     assert 2 <= ran < 40 and document["blocks_planned"] == 40
     assert f"stopping after {ran} of 40 blocks" in result.stdout
