@@ -24,11 +24,19 @@ import json
 import math
 import random
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tuneup.compare.ab import DEFAULT_ALPHA, ab_rule, decide_paired, gate_settled, verdict_word
+from tuneup.compare.ab import (
+    DEFAULT_ALPHA,
+    PairedComparison,
+    ab_rule,
+    decide_paired,
+    gate_settled,
+    verdict_word,
+)
 from tuneup.compare.rule import Verdict
-from tuneup.compare.sequential import DEFAULT_FUTILITY_BUDGET, DEFAULT_LOOKS, design
+from tuneup.compare.sequential import DEFAULT_FUTILITY_BUDGET, DEFAULT_LOOKS, Look, design
 
 
 def aa_block_ratios(directories: list[Path]) -> list[float]:
@@ -39,6 +47,18 @@ def aa_block_ratios(directories: list[Path]) -> list[float]:
             step = next(m for m in document["metrics"] if m["metric"] == "step time")
             ratios.extend(step["log_ratios"])
     return ratios
+
+
+def through_looks(
+    looks: Sequence[Look], decide: Callable[[Look], list[PairedComparison]]
+) -> tuple[list[PairedComparison], Look]:
+    """The gate's walk: each look's verdicts until `gate_settled` (the last look always is); those
+    verdicts and the look they came at."""
+    for look in looks:
+        results = decide(look)
+        if gate_settled(results):
+            break
+    return results, look
 
 
 def flag_rate(
@@ -62,13 +82,13 @@ def flag_rate(
         drawn = [rng.choice(ratios) + shift for _ in range(blocks)]
         # decide_paired takes each block's runs; one figure a side whose log ratio is the drawn one.
         pairs = [([1.0], [math.exp(r)]) for r in drawn]
-        for look in plan.looks:
-            result = decide_paired(
-                "step time", pairs[: look.blocks], higher_is_better=False, rule=rule, look=look
-            )
-            if result.settled:
-                break
-        flagged += result.verdict is Verdict.REGRESSION
+        results, look = through_looks(
+            plan.looks,
+            lambda look, pairs=pairs: [
+                decide_paired("step time", pairs[: look.blocks], higher_is_better=False, rule=rule, look=look)
+            ],
+        )
+        flagged += results[0].verdict is Verdict.REGRESSION
         blocks_run += look.blocks
     return flagged / trials, blocks_run / trials
 
@@ -81,8 +101,9 @@ def replay(paths: list[Path], looks: int, futility_budget: float) -> None:
         rule = ab_rule(rule_fields["alpha"], 2.0 * rule_fields["min_effect"])
         metrics = document["metrics"]
         planned = len(metrics[0]["log_ratios"])
-        for look in design(planned, rule.alpha, looks, futility_budget).looks:
-            results = [
+        results, look = through_looks(
+            design(planned, rule.alpha, looks, futility_budget).looks,
+            lambda look, metrics=metrics, rule=rule: [
                 decide_paired(
                     m["metric"],
                     [([1.0], [math.exp(r)]) for r in m["log_ratios"][: look.blocks]],
@@ -91,9 +112,8 @@ def replay(paths: list[Path], looks: int, futility_budget: float) -> None:
                     look=look,
                 )
                 for m in metrics
-            ]
-            if gate_settled(results):
-                break
+            ],
+        )
         regressions = [r.metric for r in results if r.verdict is Verdict.REGRESSION]
         print(
             f"{path.parent.name}/{path.stem}: {verdict_word(results)} after {look.blocks} of {planned} blocks "

@@ -23,7 +23,7 @@ treats sd as known, and a few calibration blocks estimate it loosely, so the sd 
 estimate's upper confidence limit (SD_CONFIDENCE says why). With the measured time per block and
 `--max-minutes`, it says before starting what change can be detected in the time given.
 
-Early stop (tuneup.compare.sequential): the job looks at the blocks a few times (`--looks`, 4 by
+Early stop (tuneup.compare.sequential): the job looks at the blocks a few times (`--looks`, 3 by
 default) and stops at a look once the verdict is settled: a change past that look's level (alpha spent
 over the looks, so the false-alarm rate stays at most alpha), or the change to detect ruled out in both
 directions. At each look the test is the same paired t-test, held to the look's level.
@@ -403,6 +403,11 @@ class Plan:
         return "\n".join(lines)
 
 
+def _planned_power(power: float, futility_budget: float, looks: int) -> float:
+    """The power a design of `looks` looks plans for: with interim looks, the futility stops' cost on top."""
+    return min(power + futility_budget, 0.99) if looks > 1 else power
+
+
 def plan(
     calibration_log_ratios: Sequence[float],
     *,
@@ -427,10 +432,12 @@ def plan(
     # Planned at the last look's level for the power plus the futility budget; with fewer looks where
     # the blocks needed are too few for them (one look: the fixed test at alpha).
     for fewer in range(looks, 0, -1):
-        level, planned_power = (final_level(alpha, fewer), min(power + futility_budget, 0.99))
-        if fewer == 1:
-            level, planned_power = alpha, power
-        needed = blocks_needed(sd_planned, min_detectable, level, planned_power)
+        needed = blocks_needed(
+            sd_planned,
+            min_detectable,
+            final_level(alpha, fewer),
+            _planned_power(power, futility_budget, fewer),
+        )
         if needed is None or len(look_blocks(needed, looks)) >= fewer:
             break
     in_time = None
@@ -440,10 +447,8 @@ def plan(
         candidates = [n for n in (needed, in_time) if n is not None]
         blocks = max(MIN_BLOCKS, min(candidates)) if candidates else 50
     running = design(blocks, alpha, looks, futility_budget)
-    if len(running.looks) > 1:
-        level, planned_power = running.looks[-1].alpha, min(power + futility_budget, 0.99)
-    else:
-        level, planned_power = alpha, power
+    level = running.looks[-1].alpha if len(running.looks) > 1 else alpha
+    planned_power = _planned_power(power, futility_budget, len(running.looks))
     return Plan(
         calibration_blocks=len(calibration_log_ratios),
         sd_log_ratio=sd,
