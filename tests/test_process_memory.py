@@ -27,6 +27,7 @@ from tuneup.compare.runs import summarize_run
 from tuneup.record import RankWriter, write_manifest
 from tuneup.report.blocks import Paragraph, Table
 from tuneup.report.sections import hardware
+from tuneup.report.terminal import render_terminal
 
 from synthetic import step_record
 
@@ -205,6 +206,33 @@ def test_a_child_gone_before_its_pss_is_read_is_left_out_without_a_warning(monke
     assert not warnings_of(caplog)
 
 
+# A process that writes every page of a buffer, frees it, then waits: its RSS falls back, its peak does not.
+ALLOCATE_AND_FREE = f"""
+import time
+buffer = bytearray({BUFFER_BYTES})
+buffer[::4096] = b"\\x01" * len(range(0, len(buffer), 4096))
+del buffer
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_high_water_mark_keeps_a_peak_that_no_sample_saw() -> None:
+    process = subprocess.Popen([sys.executable, "-c", ALLOCATE_AND_FREE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        if host.rss_high_water_bytes(process.pid) is None:
+            pytest.skip("this platform does not say a process's high-water mark (no /proc)")
+        sample = ProcessTreeSensor(pid=process.pid).sample()
+    finally:
+        kill_tree(process)
+    assert sample is not None and sample["num_processes"] == 1
+    # The buffer was freed before the first tick: RSS never saw it, the kernel's mark did.
+    assert sample["rss_bytes"] < BUFFER_BYTES
+    assert sample["rss_peak_bytes"] > sample["rss_bytes"] + 0.9 * BUFFER_BYTES
+    assert host.rss_high_water_bytes(process.pid) is None  # gone: no mark, no error
+
+
 # ---- the analysis, the report and the comparison -------------------------------------------------------
 
 GIB = 2**30
@@ -317,3 +345,54 @@ def test_report_json_keeps_the_measure_and_an_old_one_reads_as_rss(new_run: Path
     assert (process.memory_bytes_max, process.memory_measure) == (8 * GIB, "rss")
     table, _ = hardware_blocks(from_json(document))
     assert table.header[2] == "Peak RSS" and table.rows[0][2] == "8.00 GiB"
+
+
+def alone(rss_gib: float, peak_gib: float, processes: int = 1) -> dict:
+    """A sample of a rank alone in its tree (or with `processes` - 1 workers), its mark at `peak_gib`."""
+    sample = with_pss(rss_gib, rss_gib)
+    sample.update(rss_peak_bytes=int(peak_gib * GIB), num_processes=processes)
+    return sample
+
+
+# PSS read at 1.0, 1.2 and 1.1 GiB; between the reads the rank touched 1.5 GiB, which only its mark kept.
+RISING_MARK = [alone(1.0, 1.0), alone(1.2, 1.5), alone(1.1, 1.5)]
+
+
+def test_a_rank_alone_in_its_tree_takes_its_peak_from_the_high_water_mark(tmp_path: Path) -> None:
+    run = load_run(run_with_telemetry(tmp_path / "alone", [RISING_MARK]))
+    (process,) = analyze_run(run).telemetry.processes
+    assert process.memory_measure == "hwm" and process.memory_bytes_max == int(1.5 * GIB)
+    assert summarize_run(run).memory_kind == "process HWM"
+    table, notes = hardware_blocks(analyze_run(run))
+    assert table.header[2] == "Peak RSS" and table.rows[0][2] == "1.50 GiB"
+    assert PROCESS_MEMORY_LABELS["hwm"] in notes and PROCESS_MEMORY_LABELS["rss"] not in notes
+    (hardware_line,) = [
+        line for line in render_terminal(analyze_run(run)).splitlines() if "hardware:" in line
+    ]
+    assert hardware_line.endswith("peak RSS 1,536 MiB"), hardware_line
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [
+        # A forked worker at one tick: its memory is not in the rank's mark.
+        [alone(1.0, 1.0), alone(1.2, 1.5, processes=2), alone(1.1, 1.5)],
+        # A mark that did not rise was set before the recording (an earlier fit in the process).
+        [alone(1.0, 3.0), alone(1.2, 3.0), alone(1.1, 3.0)],
+    ],
+    ids=["a-worker-joined", "the-mark-came-before"],
+)
+def test_the_mark_is_not_the_peak_with_a_worker_or_set_before_the_run(tmp_path: Path, samples) -> None:
+    (process,) = analyze_run(load_run(run_with_telemetry(tmp_path / "run", [samples]))).telemetry.processes
+    assert process.memory_measure == "pss" and process.memory_bytes_max == int(1.2 * GIB)
+
+
+def test_runs_that_measured_memory_differently_are_not_compared_on_it(tmp_path: Path, new_run: Path) -> None:
+    from tuneup.compare.compare import mixed_memory_reason
+
+    marked = summarize_run(load_run(run_with_telemetry(tmp_path / "alone", [RISING_MARK])))
+    sampled = summarize_run(load_run(new_run))
+    assert mixed_memory_reason([marked, marked]) is None
+    assert mixed_memory_reason([marked, sampled]) == (
+        "the sides measured different memory (process HWM, process PSS)"
+    )

@@ -360,6 +360,7 @@ class ProcessSeries:
 # What a rank's process-tree memory peak measures, by `ProcessTelemetry.memory_measure`: said once for the
 # report, the terminal and `tuneup compare`.
 PROCESS_MEMORY_LABELS = {
+    "hwm": "peak RSS (the kernel's high-water mark of the rank's one process: exact, not sampled)",
     "pss": "peak memory (PSS, workers' shared pages counted once)",
     "uss": "peak memory (USS, pages shared with workers left out: a lower bound)",
     "rss": "peak RSS (sum over processes, shared pages counted per process: an upper bound)",
@@ -373,7 +374,8 @@ class ProcessTelemetry:
     rss_bytes_max: int | None  # summed over the tree: pages shared with forked workers count once per process
     series: ProcessSeries
     # The tree's memory peak, the headline figure, in the measure `memory_measure` names (a key of
-    # PROCESS_MEMORY_LABELS): PSS where the run recorded it, else RSS. A report.json written before PSS
+    # PROCESS_MEMORY_LABELS): the kernel's high-water mark for a rank alone in its tree, else PSS where the
+    # run recorded it, else RSS (tuneup.analyze.telemetry.ProcessTelemetry.memory). A report.json written before PSS
     # was recorded lacks both and reads as its RSS.
     memory_bytes_max: int | None = None
     memory_measure: str = "rss"

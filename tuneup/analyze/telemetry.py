@@ -66,10 +66,23 @@ class ProcessTelemetry:
     rss_bytes: Series = field(default_factory=Series)
     pss_bytes: Series = field(default_factory=Series)
     uss_bytes: Series = field(default_factory=Series)
+    rss_peak_bytes: Series = field(default_factory=Series)  # the rank process's own high-water mark
+    num_processes_max: int | None = None  # the most processes a sample found in the tree
 
     def memory(self) -> tuple[str, Series]:
-        """The tree's memory and its measure ("pss", "uss" or "rss"): PSS where recorded, RSS for a record
-        made before PSS was, or on a host that would not let it be read."""
+        """The tree's memory and its measure ("hwm", "pss", "uss" or "rss").
+
+        The kernel's high-water mark where the tree was the rank process alone and the mark rose while
+        the run was recorded: the largest RSS the process ever had, reached within the run, exact. PSS is
+        read every few seconds (its cost grows with memory), so its peak is the largest of a few reads,
+        which lands on the true peak or not by chance (a standard deviation of 5-15% between identical
+        runs on a 2-core runner, benchmarks/results/ab_trials). A mark that
+        did not rise was set before the recording (an earlier fit in the same process), and forked workers'
+        memory is not in the rank's mark: PSS then, RSS for a record made before PSS was, or on a host
+        that would not let it be read."""
+        peaks = self.rss_peak_bytes.values
+        if peaks and self.num_processes_max == 1 and peaks[-1] > peaks[0]:
+            return "hwm", self.rss_peak_bytes
         if self.pss_bytes.values:
             return "pss", self.pss_bytes
         if self.uss_bytes.values:
@@ -196,6 +209,10 @@ def run_telemetry(run: Run, t0_unix: float) -> RunTelemetry:
                     proc.pss_bytes.add(t, _number(pss))
                 if (uss := p.get("uss_bytes")) is not None:
                     proc.uss_bytes.add(t, _number(uss))
+                if (peak := p.get("rss_peak_bytes")) is not None:
+                    proc.rss_peak_bytes.add(t, _number(peak))
+                if isinstance(tree_size := p.get("num_processes"), int):
+                    proc.num_processes_max = max(proc.num_processes_max or 0, tree_size)
             if isinstance(system := sample.get("system"), dict):
                 system_samples.append((t, system))
             samples_gpus = sample.get("gpus")

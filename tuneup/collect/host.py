@@ -7,6 +7,7 @@ late sample loses nothing; the analysis turns consecutive samples into rates.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from time import monotonic  # the PSS reads' cost and schedule: a clock that NTP does not step
@@ -34,6 +35,23 @@ MIN_CPU_WINDOW_S = 0.05
 MEMORY_READ_MAX_SHARE = 0.0025
 
 
+# The kernel's high-water mark of a process's RSS (Linux: VmHWM in /proc/PID/status, what `/usr/bin/time`
+# and getrusage's ru_maxrss report): exact where PSS is sampled, so two identical runs read the same peak.
+# One read of a small file, about 20 us, is cheap enough for every tick.
+_HIGH_WATER = re.compile(rb"^VmHWM:\s+(\d+) kB", re.MULTILINE)
+
+
+def rss_high_water_bytes(pid: int) -> int | None:
+    """The largest RSS process `pid` has had since it started, in bytes; None where the platform does not
+    say (no /proc: macOS, Windows) or the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            found = _HIGH_WATER.search(status.read())
+    except OSError:
+        return None
+    return int(found.group(1)) * 1024 if found else None
+
+
 class ProcessTreeSensor:
     """CPU, memory and thread use of one process and all its descendants (dataloader workers included).
 
@@ -46,6 +64,7 @@ class ProcessTreeSensor:
     tables, so it is read on the first tick and then as often as MEMORY_READ_MAX_SHARE allows: a sample
     without it is one in between. `memory_measure` ("pss", "uss" or "rss") names the measure of the tree's
     memory; "rss" where neither can be read (a permission, a /proc without smaps), warned once.
+    `rss_peak_bytes` is the rank process's own high-water mark of RSS, kept by the kernel, not sampled: where the tree is that one process, its exact peak (the analysis decides, from `num_processes`).
     """
 
     def __init__(self, name: str = "process", pid: int | None = None, children_every_n: int = 5) -> None:
@@ -166,6 +185,8 @@ class ProcessTreeSensor:
         }
         if cpu_percent is not None:
             result["cpu_percent"] = round(cpu_percent, 1)
+        if (peak_bytes := rss_high_water_bytes(self._root.pid)) is not None:
+            result["rss_peak_bytes"] = peak_bytes
         if self._memory_measure != "rss" and monotonic() >= self._next_memory_read_s:
             self._read_tree_memory(read, result)
         if self._memory_measure is not None:

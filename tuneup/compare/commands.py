@@ -544,7 +544,7 @@ def _run_ab(
     plan_metric: str,
 ) -> int:
     from tuneup.compare import ab, sequential
-    from tuneup.compare.compare import not_recorded_reason, zero_reason
+    from tuneup.compare.compare import mixed_memory_reason, not_recorded_reason, zero_reason
     from tuneup.compare.junit import suite_xml
 
     started_s = time.monotonic()
@@ -569,6 +569,10 @@ def _run_ab(
         values = [v for a, b in pairs for v in (*a, *b)]
         if any(v is None for v in values):
             return not_recorded_reason(metric)
+        if metric == "peak_memory":
+            runs = [summary(d) for block in blocks for side in block.values() for d in side]
+            if why := mixed_memory_reason(runs):
+                return why
         if any(v <= 0 for v in values):  # type: ignore[operator]
             return zero_reason(METRICS[metric].label, values)  # type: ignore[arg-type]
         return pairs  # type: ignore[return-value]

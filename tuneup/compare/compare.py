@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuneup.compare.rule import MetricComparison, Rule, Verdict, decide, effect_percent
-from tuneup.compare.runs import METRICS, CompareInputError, Side, mismatches
+from tuneup.compare.runs import METRICS, CompareInputError, RunSummary, Side, mismatches
 from tuneup.compare.to_target import (
     TargetComparison,
     compare_to_target,
@@ -157,11 +157,9 @@ def compare(
                 skipped[key] = f"one side counts samples, the other only steps ({', '.join(sorted(units))})"
                 continue
             unit = units.pop()
-        if key == "peak_memory":
-            kinds = {r.memory_kind for r in (*baseline.runs, *candidate.runs)}
-            if len(kinds) > 1:
-                skipped[key] = f"the sides measured different memory ({', '.join(sorted(map(str, kinds)))})"
-                continue
+        if key == "peak_memory" and (why := mixed_memory_reason((*baseline.runs, *candidate.runs))):
+            skipped[key] = why
+            continue
         if any(v is None for v in base + cand):
             skipped[key] = not_recorded_reason(key)
             continue
@@ -283,6 +281,15 @@ def _rows(c: Comparison) -> list[list[str]]:
 
 
 HEADER = ["metric", "verdict", "baseline", "candidate", "change", "CI", "p (worse)", "threshold"]
+
+
+def mixed_memory_reason(runs: Sequence[RunSummary]) -> str | None:
+    """Why the runs' peak memory cannot be compared, where they measured different memory (a run
+    recorded before PSS was against one with it; a rank's high-water mark against a tree's PSS)."""
+    kinds = {r.memory_kind for r in runs}
+    if len(kinds) > 1:
+        return f"the sides measured different memory ({', '.join(sorted(map(str, kinds)))})"
+    return None
 
 
 def _ratio_note(rule: Rule) -> str:

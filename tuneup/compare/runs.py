@@ -67,7 +67,7 @@ class RunSummary:
     throughput_unit: str  # "samples/s", or "steps/s" where samples per batch were not known
     step_time_ms: float | None
     peak_memory_bytes: float | None
-    memory_kind: str | None  # "GPU allocated", or "process PSS" (USS, RSS: the report's measure)
+    memory_kind: str | None  # "GPU allocated", or "process HWM" (PSS, USS, RSS: the report's measure)
     usd_per_sample: float | None
     steady_steps: int
     fingerprint: dict[str, Any] = field(default_factory=dict)

@@ -188,10 +188,11 @@ def _hardware_lines(telemetry: Telemetry) -> list[str]:
     if cpu:
         parts.append(f"process CPU {sum(cpu) / len(cpu):.0f}% per rank (100% = one core)")
     if memory:
-        # The report's figure and measure: PSS where recorded (workers' shared pages once), else RSS.
+        # The report's figure and measure: the rank's high-water mark, PSS (workers' shared pages once) or RSS.
         peak = max(memory, key=lambda p: p.memory_bytes_max or 0)
         measures = {p.memory_measure for p in memory}
-        label = f"peak {peak.memory_measure.upper()}" if len(measures) == 1 else "peak memory"
+        name = "RSS" if peak.memory_measure == "hwm" else peak.memory_measure.upper()  # the kernel's peak RSS
+        label = f"peak {name}" if len(measures) == 1 else "peak memory"
         parts.append(f"{label} {_mib(peak.memory_bytes_max)}")
     gpus = [g for g in telemetry.gpus if g.util_percent_mean is not None]
     if len(gpus) <= LIST_EACH_UP_TO:

@@ -250,7 +250,7 @@ def _max(values: Any) -> float | None:
 
 
 # The memory column's header, by ProcessTelemetry.memory_measure; PROCESS_MEMORY_LABELS says what each is.
-_MEMORY_HEADERS = {"pss": "Peak PSS", "uss": "Peak USS", "rss": "Peak RSS"}
+_MEMORY_HEADERS = {"hwm": "Peak RSS", "pss": "Peak PSS", "uss": "Peak USS", "rss": "Peak RSS"}
 
 
 def _processes(analysis: RunAnalysis) -> list[Block]:
