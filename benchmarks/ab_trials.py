@@ -40,6 +40,10 @@ from tuneup.compare.runs import Side, load_side
 
 HERE = Path(__file__).resolve().parent
 KINDS = ("slow", "aa", "aa-burner")
+# The tuneup each trial ran (a trial's row names it: the gate changes between sets of trials).
+COMMIT = subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, check=False
+).stdout.strip()
 
 
 def workload_command(workload: str, steps: int, slowdown: float) -> str:
@@ -133,6 +137,7 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
     step = next(m for m in document["metrics"] if m["metric"] == "step time")
     old_flag, old_change = old_compare_flags(out / "ab", [m.strip() for m in args.metrics.split(",")])
     return {
+        "commit": COMMIT,
         "workload": args.workload,
         "kind": kind,
         "trial": index,
