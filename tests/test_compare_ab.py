@@ -25,6 +25,8 @@ from tuneup.compare.ab import (
     blocks_needed,
     decide_paired,
     detectable_change,
+    format_markdown,
+    noise_seen,
     normal_blocks_needed,
     paired_t,
     plan,
@@ -173,6 +175,42 @@ def test_the_planner_by_hand_and_within_the_time() -> None:
         plan([0.01], min_detectable=0.05, alpha=0.05)
 
 
+def test_blocks_noisier_than_the_plan_say_what_they_could_detect_and_what_would() -> None:
+    # Planned on a quiet day (sd 0.02 from 30 blocks), run on a runner four times as noisy: 21 blocks.
+    quiet = plan(
+        [0.02, -0.02] * 15, min_detectable=0.05, alpha=0.01, seconds_per_block=20.0, max_seconds=420.0
+    )
+    noisy = [0.08, -0.08] * 10 + [0.0]  # sd 0.080
+    rule = ab_rule(alpha=0.01, min_detectable=0.05)
+    result = decide_paired(
+        "step time", [([10.0], [10.0 * math.exp(r)]) for r in noisy], higher_is_better=False, rule=rule
+    )
+    seen = noise_seen(quiet, result, len(noisy), 20.0, alpha=0.01)
+    assert seen is not None and seen.sd_log_ratio == pytest.approx(0.080, abs=0.001)
+    assert seen.sd_planned == quiet.sd_planned < 0.03
+    # What 21 blocks detect at the noise they showed, at the plan's last level and power; and 5% needs more.
+    assert seen.detectable == pytest.approx(detectable_change(seen.sd_log_ratio, 21, quiet.level, 0.95))
+    assert seen.detectable > 0.05 and seen.blocks_needed is not None and seen.blocks_needed > 21
+    assert detectable_change(seen.sd_log_ratio, seen.blocks_needed, quiet.level, 0.95) <= 0.05
+    assert detectable_change(seen.sd_log_ratio, seen.blocks_needed - 1, quiet.level, 0.95) > 0.05
+    minutes = seen.blocks_needed * 20.0 / 60.0
+    assert f"not 5.0%, which needs {seen.blocks_needed} blocks (about {minutes:.0f} min at 20 s a block)" in (
+        seen.text()
+    )
+    markdown = format_markdown(
+        [result], baseline="a", candidate="b", blocks=21, seed=0, rule=rule, plan=quiet, noise=seen
+    )
+    assert f"- **{seen.text()}**" in markdown
+    # Blocks within the plan's noise, or noisier but still able to see 5%: nothing to say.
+    calm_blocks = [([10.0], [10.0 * math.exp(r)]) for r in [0.01, -0.01] * 10]
+    calm = decide_paired("step time", calm_blocks, higher_is_better=False, rule=rule)
+    assert noise_seen(quiet, calm, 20, 20.0, alpha=0.01) is None
+    a_little_noisier = [([10.0], [10.0 * math.exp(r)]) for r in [0.03, -0.03] * 10]
+    result = decide_paired("step time", a_little_noisier, higher_is_better=False, rule=rule)
+    assert result.sd_log_ratio is not None and result.sd_log_ratio > quiet.sd_planned
+    assert noise_seen(quiet, result, 20, 20.0, alpha=0.01) is None
+
+
 @pytest.mark.parametrize(
     ("df", "exact"), [(1, 0.0642), (2, 0.4463), (5, 2.3425), (10, 6.1791), (30, 23.3641)]
 )
@@ -228,6 +266,7 @@ def test_bench_ab_plans_runs_blocks_and_flags_a_5_percent_slowdown(tmp_path: Pat
     assert len(step["log_ratios"]) == 3
     assert step["ratio"] == pytest.approx(1.05, rel=0.01)  # the drift cancels within A B B A
     assert document["plan"]["calibration_blocks"] == 2
+    assert document["noise_seen"] is None  # planned on 2 blocks' upper limit: no block is noisier
     assert int((tmp_path / "counter").read_text()) == 4 * (2 + 3)
     # The CI history gets one record: the candidate's runs' figures (6 of them, 10.5 ms x the drift) and the verdict.
     (record,) = history.read(tmp_path / "history.jsonl")
@@ -288,6 +327,26 @@ def test_bench_ab_ends_within_max_minutes_and_decides_on_the_blocks_it_ran(tmp_p
     assert (
         f"stopped {40 - ran} blocks short of the 40 planned: out of time" in (tmp_path / "ab.md").read_text()
     )
+
+
+@pytest.mark.slow  # 16 runs of a fake workload: about 5 s
+def test_bench_ab_says_when_its_blocks_were_noisier_than_its_calibration(tmp_path: Path) -> None:
+    # A calibration of a perfectly quiet runner (every A/A block the same); the fake's blocks vary a
+    # little (its drift, and its figures' rounding), which at 0.01% to detect is too much for 4 blocks.
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(
+        json.dumps({"seconds_per_block": 1.0, "metrics": [{"metric": "step time", "log_ratios": [0.0] * 10}]})
+    )
+    result, document = _fake_ab(
+        tmp_path, "1.05", "--calibration", str(calibration), "--blocks", "4", "--looks", "1",
+        "--min-detectable", "0.0001",
+    )  # fmt: skip
+    assert document is not None, result.stdout + result.stderr
+    seen = document["noise_seen"]
+    assert seen is not None and seen["metric"] == "step time" and seen["blocks"] == 4
+    assert seen["sd_log_ratio"] > seen["sd_planned"] == 0.0 and seen["detectable"] > 0.0001
+    assert "step time's blocks varied more than the plan assumed" in result.stdout
+    assert "calibrate again on this runner" in (tmp_path / "ab.md").read_text()
 
 
 WORK = """

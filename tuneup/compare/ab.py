@@ -403,6 +403,63 @@ class Plan:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class NoiseSeen:
+    """After the job: the planned metric's blocks varied more than the plan assumed (a calibration from a
+    quieter day or another runner), so much that they could not detect the change asked for. What they
+    could at their own noise, and what the change asked for would take."""
+
+    metric: str
+    sd_log_ratio: float  # the job's own blocks'
+    sd_planned: float
+    blocks: int
+    detectable: float  # what `blocks` detect at sd_log_ratio, with the plan's power at its level
+    min_detectable: float
+    blocks_needed: int | None  # for min_detectable at sd_log_ratio; None: more than any job would run
+    seconds_per_block: float | None
+
+    def text(self) -> str:
+        line = (
+            f"{self.metric}'s blocks varied more than the plan assumed (sd {self.sd_log_ratio:.4f} a block "
+            f"against {self.sd_planned:.4f}): at that noise these {_blocks(self.blocks)} detect "
+            f"{self.detectable:.1%}, not {self.min_detectable:.1%}"
+        )
+        if self.blocks_needed is None:
+            line += ", which is beyond what a job can run"
+        else:
+            line += f", which needs {_blocks(self.blocks_needed)}"
+            if self.seconds_per_block:
+                minutes = self.blocks_needed * self.seconds_per_block / 60.0
+                line += f" (about {minutes:.0f} min at {self.seconds_per_block:.0f} s a block)"
+        return line + "; calibrate again on this runner (--calibrate-blocks) before trusting a NO CHANGE"
+
+
+def noise_seen(
+    plan: Plan, result: PairedComparison, blocks: int, seconds_per_block: float | None, alpha: float
+) -> NoiseSeen | None:
+    """The planned metric's `result` over the job's `blocks`, where they varied more than `plan.sd_planned`
+    (the calibration's upper confidence limit) and so much that they could not detect the change asked
+    for: None where they could. `alpha`: the rule's, the level of a plan made without looks."""
+    sd = result.sd_log_ratio
+    if sd is None or sd <= plan.sd_planned or blocks < MIN_BLOCKS:
+        return None
+    level = plan.level if plan.level is not None else alpha
+    power = plan.planned_power if plan.planned_power is not None else plan.power
+    detectable = detectable_change(sd, blocks, level, power)
+    if detectable <= plan.min_detectable:
+        return None
+    return NoiseSeen(
+        metric=result.metric,
+        sd_log_ratio=sd,
+        sd_planned=plan.sd_planned,
+        blocks=blocks,
+        detectable=detectable,
+        min_detectable=plan.min_detectable,
+        blocks_needed=blocks_needed(sd, plan.min_detectable, level, power),
+        seconds_per_block=seconds_per_block,
+    )
+
+
 def _planned_power(power: float, futility_budget: float, looks: int) -> float:
     """The power a design of `looks` looks plans for: with interim looks, the futility stops' cost on top."""
     return min(power + futility_budget, 0.99) if looks > 1 else power
@@ -590,9 +647,10 @@ def format_markdown(
     plan: Plan | None,
     skipped: Mapping[str, str] | None = None,
     design: Design | None = None,
+    noise: NoiseSeen | None = None,
 ) -> str:
     """For a GitHub job summary or a pull-request comment: the verdicts (one effect figure a metric, as
-    the table), the two sides, the blocks and what they could detect."""
+    the table), the two sides, the blocks and what they could detect (planned, and with `noise` seen)."""
     from tuneup.report.markdown import markdown_text
 
     header = ["metric", "verdict", "change", "90% interval", "p (worse)", "threshold"]
@@ -646,5 +704,7 @@ def format_markdown(
         lines.extend(f"- {markdown_text(line)}" for line in plan.text().splitlines())
     else:
         lines.append("- no A/A calibration: what change these blocks can detect is not known")
+    if noise is not None:
+        lines.append(f"- **{markdown_text(noise.text())}**")
     lines.append(f"- rule: {markdown_text(describe_rule(rule))}")
     return "\n".join(lines) + "\n"

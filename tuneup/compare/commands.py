@@ -689,6 +689,14 @@ def _run_ab(
     print()
     print(ab.format_table(results))
     blocks_run = len(ab_blocks)
+    planned = next((r for r in results if r.metric == METRICS[plan_metric].label), None)
+    noise = (
+        None
+        if plan is None or planned is None
+        else ab.noise_seen(plan, planned, blocks_run, seconds_per_block, rule.alpha)
+    )
+    if noise is not None:
+        print(f"\n{noise.text()}")
     properties = (
         ("baseline", baseline.shown),
         ("candidate", candidate.shown),
@@ -707,6 +715,7 @@ def _run_ab(
             plan=plan,
             skipped=skipped,
             design=design,
+            noise=noise,
         ),
         suite_xml("tuneup bench --ab", properties, results, skipped),
     )
@@ -721,6 +730,7 @@ def _run_ab(
             "looks": [dataclasses.asdict(look) for look in design.looks],
             "verdict": ab.verdict_word(results),
             "metrics": [r.as_dict() for r in results],
+            "noise_seen": None if noise is None else dataclasses.asdict(noise),
         }
         Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     if getattr(args, "history", None):
