@@ -374,9 +374,9 @@ class ProcessTelemetry:
     rss_bytes_max: int | None  # summed over the tree: pages shared with forked workers count once per process
     series: ProcessSeries
     # The tree's memory peak, the headline figure, in the measure `memory_measure` names (a key of
-    # PROCESS_MEMORY_LABELS): the kernel's high-water mark for a rank alone in its tree, else PSS where the
-    # run recorded it, else RSS (tuneup.analyze.telemetry.ProcessTelemetry.memory). A report.json written before PSS
-    # was recorded lacks both and reads as its RSS.
+    # PROCESS_MEMORY_LABELS): the kernel's high-water mark for a rank alone in its tree, else PSS where
+    # the run recorded it, else RSS (tuneup.analyze.telemetry.ProcessTelemetry.memory). A report.json
+    # written before PSS was recorded lacks both and reads as its RSS.
     memory_bytes_max: int | None = None
     memory_measure: str = "rss"
 

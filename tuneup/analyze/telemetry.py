@@ -76,10 +76,10 @@ class ProcessTelemetry:
         the run was recorded: the largest RSS the process ever had, reached within the run, exact. PSS is
         read every few seconds (its cost grows with memory), so its peak is the largest of a few reads,
         which lands on the true peak or not by chance (a standard deviation of 5-15% between identical
-        runs on a 2-core runner, benchmarks/results/ab_trials). A mark that
-        did not rise was set before the recording (an earlier fit in the same process), and forked workers'
-        memory is not in the rank's mark: PSS then, RSS for a record made before PSS was, or on a host
-        that would not let it be read."""
+        runs on a 2-core runner, benchmarks/results/ab_trials). A mark that did not rise was set before
+        the recording (an earlier fit in the same process), and forked workers' memory is not in the
+        rank's mark: PSS then, RSS for a record made before PSS was, or on a host that would not let it
+        be read."""
         peaks = self.rss_peak_bytes.values
         if peaks and self.num_processes_max == 1 and peaks[-1] > peaks[0]:
             return "hwm", self.rss_peak_bytes

@@ -64,7 +64,8 @@ class ProcessTreeSensor:
     tables, so it is read on the first tick and then as often as MEMORY_READ_MAX_SHARE allows: a sample
     without it is one in between. `memory_measure` ("pss", "uss" or "rss") names the measure of the tree's
     memory; "rss" where neither can be read (a permission, a /proc without smaps), warned once.
-    `rss_peak_bytes` is the rank process's own high-water mark of RSS, kept by the kernel, not sampled: where the tree is that one process, its exact peak (the analysis decides, from `num_processes`).
+    `rss_peak_bytes` is the rank process's own high-water mark of RSS, kept by the kernel, not sampled:
+    where the tree is that one process, its exact peak (the analysis decides, from `num_processes`).
     """
 
     def __init__(self, name: str = "process", pid: int | None = None, children_every_n: int = 5) -> None:
