@@ -161,8 +161,9 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
 
 
 def time_flagged(row: dict[str, Any]) -> bool:
-    """Caught by its time (throughput or step time), not by another metric alone: a slower run is read for
-    its memory more times, and the sampled peak of a run whose memory grows can rise with that alone."""
+    """Caught by its time (throughput or step time), not by another metric alone: before bd20482 a run's
+    peak memory on CPU was the most of a few sampled PSS reads, and a slower run, read more times, could
+    read higher with that alone (the kernel's high-water mark since)."""
     return any(metric in ("throughput", "step time") for metric in row["regressions"])
 
 
