@@ -185,7 +185,7 @@ def test_blocks_noisier_than_the_plan_say_what_they_could_detect_and_what_would(
     result = decide_paired(
         "step time", [([10.0], [10.0 * math.exp(r)]) for r in noisy], higher_is_better=False, rule=rule
     )
-    seen = noise_seen(quiet, result, len(noisy), 20.0, alpha=0.01)
+    seen = noise_seen(quiet, result, 20.0, alpha=0.01)
     assert seen is not None and seen.sd_log_ratio == pytest.approx(0.080, abs=0.001)
     assert seen.sd_planned == quiet.sd_planned < 0.03
     # What 21 blocks detect at the noise they showed, at the plan's last level and power; and 5% needs more.
@@ -204,11 +204,11 @@ def test_blocks_noisier_than_the_plan_say_what_they_could_detect_and_what_would(
     # Blocks within the plan's noise, or noisier but still able to see 5%: nothing to say.
     calm_blocks = [([10.0], [10.0 * math.exp(r)]) for r in [0.01, -0.01] * 10]
     calm = decide_paired("step time", calm_blocks, higher_is_better=False, rule=rule)
-    assert noise_seen(quiet, calm, 20, 20.0, alpha=0.01) is None
+    assert noise_seen(quiet, calm, 20.0, alpha=0.01) is None
     a_little_noisier = [([10.0], [10.0 * math.exp(r)]) for r in [0.03, -0.03] * 10]
     result = decide_paired("step time", a_little_noisier, higher_is_better=False, rule=rule)
     assert result.sd_log_ratio is not None and result.sd_log_ratio > quiet.sd_planned
-    assert noise_seen(quiet, result, 20, 20.0, alpha=0.01) is None
+    assert noise_seen(quiet, result, 20.0, alpha=0.01) is None
 
 
 @pytest.mark.parametrize(

@@ -357,6 +357,10 @@ class ProcessSeries:
     rss_bytes: Series
 
 
+# How the report and the terminal name each measure: the kernel's high-water mark is a peak RSS too (the
+# label says which).
+PROCESS_MEMORY_NAMES = {"hwm": "RSS", "pss": "PSS", "uss": "USS", "rss": "RSS"}
+
 # What a rank's process-tree memory peak measures, by `ProcessTelemetry.memory_measure`: said once for the
 # report, the terminal and `tuneup compare`.
 PROCESS_MEMORY_LABELS = {

@@ -435,12 +435,12 @@ class NoiseSeen:
 
 
 def noise_seen(
-    plan: Plan, result: PairedComparison, blocks: int, seconds_per_block: float | None, alpha: float
+    plan: Plan, result: PairedComparison, seconds_per_block: float | None, alpha: float
 ) -> NoiseSeen | None:
-    """The planned metric's `result` over the job's `blocks`, where they varied more than `plan.sd_planned`
+    """The planned metric's `result`, where its blocks varied more than `plan.sd_planned`
     (the calibration's upper confidence limit) and so much that they could not detect the change asked
     for: None where they could. `alpha`: the rule's, the level of a plan made without looks."""
-    sd = result.sd_log_ratio
+    sd, blocks = result.sd_log_ratio, len(result.log_ratios)
     if sd is None or sd <= plan.sd_planned or blocks < MIN_BLOCKS:
         return None
     level = plan.level if plan.level is not None else alpha

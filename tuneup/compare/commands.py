@@ -693,7 +693,7 @@ def _run_ab(
     noise = (
         None
         if plan is None or planned is None
-        else ab.noise_seen(plan, planned, blocks_run, seconds_per_block, rule.alpha)
+        else ab.noise_seen(plan, planned, seconds_per_block, rule.alpha)
     )
     if noise is not None:
         print(f"\n{noise.text()}")

@@ -8,7 +8,16 @@ steady-state mean (THROUGHPUT_STATISTIC), and the step time says which statistic
 
 from __future__ import annotations
 
-from tuneup.analyze.model import Communication, Cost, Ranks, RankStep, RunAnalysis, StepTime, Telemetry
+from tuneup.analyze.model import (
+    PROCESS_MEMORY_NAMES,
+    Communication,
+    Cost,
+    Ranks,
+    RankStep,
+    RunAnalysis,
+    StepTime,
+    Telemetry,
+)
 from tuneup.report.format import (
     aligned_table,
     duration,
@@ -191,7 +200,7 @@ def _hardware_lines(telemetry: Telemetry) -> list[str]:
         # The report's figure and measure: the rank's high-water mark, PSS (workers' shared pages once) or RSS.
         peak = max(memory, key=lambda p: p.memory_bytes_max or 0)
         measures = {p.memory_measure for p in memory}
-        name = "RSS" if peak.memory_measure == "hwm" else peak.memory_measure.upper()  # the kernel's peak RSS
+        name = PROCESS_MEMORY_NAMES.get(peak.memory_measure, peak.memory_measure.upper())
         label = f"peak {name}" if len(measures) == 1 else "peak memory"
         parts.append(f"{label} {_mib(peak.memory_bytes_max)}")
     gpus = [g for g in telemetry.gpus if g.util_percent_mean is not None]

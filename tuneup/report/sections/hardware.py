@@ -13,6 +13,7 @@ from typing import Any
 
 from tuneup.analyze.model import (
     PROCESS_MEMORY_LABELS,
+    PROCESS_MEMORY_NAMES,
     GpuTelemetry,
     HostTelemetry,
     ProcessTelemetry,
@@ -250,7 +251,7 @@ def _max(values: Any) -> float | None:
 
 
 # The memory column's header, by ProcessTelemetry.memory_measure; PROCESS_MEMORY_LABELS says what each is.
-_MEMORY_HEADERS = {"hwm": "Peak RSS", "pss": "Peak PSS", "uss": "Peak USS", "rss": "Peak RSS"}
+_MEMORY_HEADERS = {measure: f"Peak {name}" for measure, name in PROCESS_MEMORY_NAMES.items()}
 
 
 def _processes(analysis: RunAnalysis) -> list[Block]:
