@@ -49,8 +49,10 @@ def main() -> None:
     model: torch.nn.Module = torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10))
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)
-    # Plain SGD by hand: torch.optim imports torch._dynamo (1.4 s a process here), a third of a short
-    # run's start that every block of the A/B would pay four times.
+    # Plain SGD by hand, meant to spare the runs torch._dynamo's import (torch.optim's first step() does
+    # it). It does not: tuneup's FLOP count (FlopCounterMode, at the first step) imports it too, 1.2 s at
+    # that step and 0.5 s more at exit, as Lightning (at import) and torch.optim would in a real job. Kept
+    # so that the trials of every commit ran the same workload.
     parameters = list(model.parameters())
     x, y = torch.randn(BATCH, WIDTH), torch.randint(0, 10, (BATCH,))
     scratch = torch.randn(32, 32)
