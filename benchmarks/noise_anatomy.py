@@ -36,10 +36,11 @@ from pathlib import Path
 from statistics import correlation, fmean, stdev
 
 from tuneup.record.reader import load_run
+from tuneup.record.writer import RecordingPolicy
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "ab_workload.py"
-WINDOW_STEPS = 100  # the recorder's window (RecordingPolicy.window_steps' default)
+WINDOW_STEPS = RecordingPolicy.window_steps  # the recorder's default window; a run's own is in its manifest
 
 
 def run_workload(run_dir: Path, steps: int, cpu: int | None = None) -> subprocess.Popen[bytes]:
@@ -68,8 +69,10 @@ def log_mean_ms(run_dir: Path) -> float:
 def longer_runs(work: Path, steps: int) -> dict:
     run_dir = work / "long"
     finished(run_workload(run_dir, steps))
-    windows = load_run(run_dir).ranks[0].windows[1:]  # the first holds the setup step
-    means_ms = [w.stats["wall_ms"]["mean"] for w in windows if w.count == WINDOW_STEPS]
+    run = load_run(run_dir)
+    window_steps = run.manifest.recording["window_steps"]
+    windows = run.ranks[0].windows[1:]  # the first holds the setup step
+    means_ms = [w.stats["wall_ms"]["mean"] for w in windows if w.count == window_steps]
     sd_1 = stdev(math.log(m) for m in means_ms)
     rows = []
     for k in (1, 2, 3, 5, 10):
@@ -77,7 +80,7 @@ def longer_runs(work: Path, steps: int) -> dict:
         if len(groups) >= 3:
             rows.append(
                 {
-                    "run_steps": k * WINDOW_STEPS,
+                    "run_steps": k * window_steps,
                     "windows": len(groups),
                     "sd_log": stdev(math.log(g) for g in groups),
                     "sd_if_independent": sd_1 / math.sqrt(k),
@@ -113,46 +116,39 @@ def side_by_side(work: Path, pairs: int, steps: int) -> dict:
     }
 
 
-def phases_ms(run_dir: Path) -> tuple[float, float, float]:
-    """A run's mean step, optimizer phase, and forward + backward, in ms (the first step left out)."""
+def run_figures(run_dir: Path) -> tuple[float, float, float, float, float]:
+    """A run's mean step over all its steps, its first half and its second half, then its mean optimizer
+    phase and forward + backward, in ms (the first step left out: the process's one-off setup)."""
     steps = load_run(run_dir).ranks[0].steps[1:]
+    times = [s.wall_ms for s in steps]
+    middle = len(times) // 2
     return (
-        fmean(s.wall_ms for s in steps),
+        fmean(times),
+        fmean(times[:middle]),
+        fmean(times[middle:]),
         fmean(s.optimizer_ms for s in steps),
         fmean(s.forward_ms + s.backward_ms for s in steps),
     )
 
 
-def phase_split(trial: Path) -> dict:
-    """The trial's step, optimizer and forward + backward, each side's runs pooled."""
-    sides = {
-        side: [phases_ms(d) for d in sorted((trial / "ab").glob(f"block-*/{side}-*/run-01"))] for side in "AB"
-    }
-    a, b = ([fmean(run[i] for run in sides[side]) for i in range(3)] for side in "AB")
-    return {
-        "step_ratio": b[0] / a[0],
-        "optimizer_added_share": (b[1] - a[1]) / a[0],
-        "forward_backward_ratio": b[2] / a[2],
-    }
-
-
 def run_halves(trial: Path) -> dict:
-    """Each block's log ratio (B over A) from the whole runs and from each half of their steps."""
-
-    def halves(run_dir: Path) -> tuple[float, float, float]:
-        times = step_times_ms(run_dir)
-        middle = len(times) // 2
-        return fmean(times), fmean(times[:middle]), fmean(times[middle:])
-
+    """Each block's log ratio (B over A) from the whole runs and from each half of their steps; and the
+    trial's step, optimizer and forward + backward, each side's runs pooled (cut-short blocks too)."""
+    blocks = [
+        {side: [run_figures(d) for d in sorted(block.glob(f"{side}-*/run-01"))] for side in "AB"}
+        for block in sorted((trial / "ab").glob("block-*"))
+    ]
     ratios: list[list[float]] = [[], [], []]
-    for block in sorted((trial / "ab").glob("block-*")):
-        a = [halves(d) for d in sorted(block.glob("A-*/run-01"))]
-        b = [halves(d) for d in sorted(block.glob("B-*/run-01"))]
+    for runs in blocks:
+        a, b = runs["A"], runs["B"]
         if len(a) < 2 or len(b) < 2:
             continue  # a block cut short
         for part in range(3):
             ratios[part].append(math.log(fmean(x[part] for x in b)) - math.log(fmean(x[part] for x in a)))
     rho = correlation(ratios[1], ratios[2])
+    pooled_a, pooled_b = (
+        [fmean(run[i] for runs in blocks for run in runs[side]) for i in range(5)] for side in "AB"
+    )
     return {
         "trial": trial.name,
         "blocks": len(ratios[0]),
@@ -161,7 +157,9 @@ def run_halves(trial: Path) -> dict:
         "sd_second_half": stdev(ratios[2]),
         "halves_correlation": rho,
         "variance_left_by_doubling": (1 + rho) / 2,
-        **phase_split(trial),
+        "step_ratio": pooled_b[0] / pooled_a[0],
+        "optimizer_added_share": (pooled_b[3] - pooled_a[3]) / pooled_a[0],
+        "forward_backward_ratio": pooled_b[4] / pooled_a[4],
     }
 
 
