@@ -106,6 +106,10 @@ def old_compare_flags(ab_dir: Path, metrics: list[str]) -> tuple[bool, float | N
     return any(r.verdict is Verdict.REGRESSION for r in result.results), change
 
 
+def side_by_side(args: argparse.Namespace) -> list[str]:
+    return ["--side-by-side"] if args.side_by_side else []
+
+
 def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path, plan_s: float) -> dict:
     slowdown = args.slowdown if kind == "slow" else 0.0
     out = args.out / f"{kind}-{index:02d}"
@@ -125,6 +129,7 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
         "--timeout", "300",
         "--out", str(out),
         "--json", str(report),
+        *side_by_side(args),
     ]  # fmt: skip
     if kind == "aa-burner":
         half_s = plan_s / 2.0
@@ -139,6 +144,7 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
     return {
         "commit": COMMIT,
         "workload": args.workload,
+        "side_by_side": args.side_by_side,
         "kind": kind,
         "trial": index,
         "injected": slowdown,
@@ -209,11 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100, help="training steps a run")
     parser.add_argument("--metrics", default="throughput,step_time,peak_memory")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--side-by-side", action="store_true", help="the gate's blocks run A and B at once (compute only)"
+    )
     parser.add_argument("--table-only", action="store_true", help="print the table of OUT/trials.jsonl")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not kinds or any(k not in KINDS for k in kinds):
         parser.error(f"--kinds: choose from {', '.join(KINDS)}")
+    if args.side_by_side and args.workload == "ddp":
+        parser.error("--side-by-side: a 2-rank DDP run fills both cores; its sides cannot share them")
     log = args.out / "trials.jsonl"
     if not args.table_only:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -223,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             code, seconds = tuneup_bench(
                 "--ab", "--baseline-cmd", command, "--cmd", command, "--calibrate-blocks", "0",
                 "--blocks", str(args.calibration_blocks), "--metrics", args.metrics,
-                "--out", str(args.out / "calibration"), "--json", str(calibration),
+                "--out", str(args.out / "calibration"), "--json", str(calibration), *side_by_side(args),
             )  # fmt: skip
             print(f"calibration: {args.calibration_blocks} A/A blocks in {seconds:.0f} s (exit {code})")
         document = json.loads(calibration.read_text(encoding="utf-8"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from tuneup.compare.ab import (
     ab_rule,
     block_log_ratio,
     blocks_needed,
+    cpu_halves,
     decide_paired,
     detectable_change,
     format_markdown,
@@ -31,7 +33,9 @@ from tuneup.compare.ab import (
     paired_t,
     plan,
     schedule,
+    side_by_side_schedule,
 )
+from tuneup.compare.bench import pinned_argv
 from tuneup.compare.rule import Verdict, decide
 from tuneup.compare.stats import chi2_quantile, welch
 
@@ -59,6 +63,38 @@ def test_each_block_is_abba_or_baab_and_the_seed_fixes_the_order() -> None:
     assert schedule(40, seed=8) != order
     with pytest.raises(ValueError):
         schedule(0, seed=1)
+
+
+def test_side_by_side_blocks_run_each_side_on_each_half_and_the_seed_fixes_the_order() -> None:
+    order = side_by_side_schedule(40, seed=7)
+    assert len(order) == 80  # two rounds a block, the other side on the second half
+    firsts = Counter()
+    for block in range(40):
+        on_first_half = [side for b, side in order if b == block]
+        assert sorted(on_first_half) == sorted([BASELINE, CANDIDATE])  # the halves swap within the block
+        firsts[on_first_half[0]] += 1
+    assert firsts[BASELINE] > 5 and firsts[CANDIDATE] > 5
+    assert side_by_side_schedule(40, seed=7) == order != side_by_side_schedule(40, seed=8)
+    with pytest.raises(ValueError):
+        side_by_side_schedule(0, seed=1)
+
+
+def test_the_cpus_split_in_two_halves_and_one_cpu_is_refused() -> None:
+    assert cpu_halves({3, 0, 1, 2}) == ((0, 1), (2, 3))
+    assert cpu_halves({5, 1, 9}) == ((1,), (5, 9))
+    with pytest.raises(ValueError, match="at least 2 CPUs"):
+        cpu_halves({0})
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="pinning is Linux's")
+def test_a_pinned_command_and_what_it_starts_run_on_the_cpus_given() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    child = "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); sys.stdout.flush(); "
+    child += "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])"
+    shown = subprocess.run(pinned_argv([sys.executable, "-c", child], [cpu]), capture_output=True, text=True)
+    assert shown.returncode == 0 and shown.stdout.split() == [f"[{cpu}]", f"[{cpu}]"], shown.stderr
+    missing = subprocess.run(pinned_argv(["no-such-command-xyz"], [cpu]), capture_output=True, text=True)
+    assert missing.returncode == 1 and "cannot run no-such-command-xyz" in missing.stderr
 
 
 def _drifting_blocks(
@@ -349,6 +385,78 @@ def test_bench_ab_says_when_its_blocks_were_noisier_than_its_calibration(tmp_pat
     assert "calibrate again on this runner" in (tmp_path / "ab.md").read_text()
 
 
+SIDE_BY_SIDE_RUN = """
+import json, os, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tests.test_compare import synthetic_run
+run_dir = Path(os.environ["TUNEUP_DIR"])
+started = time.time()
+time.sleep(0.5)
+synthetic_run(run_dir, 10.0 * float(sys.argv[1]))
+seen = {{"cpus": sorted(os.sched_getaffinity(0)), "started": started, "ended": time.time()}}
+(run_dir / "seen.json").write_text(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin"
+)
+@pytest.mark.slow  # 2 calibration and 3 A/B blocks of 2 rounds of 2 runs at once: about 6 s
+def test_side_by_side_runs_a_and_b_at_once_on_swapped_halves_and_flags_a_5_percent_slowdown(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "side_run.py"
+    script.write_text(SIDE_BY_SIDE_RUN.format(root=str(Path(__file__).parent.parent)), encoding="utf-8")
+    result = cli(
+        "bench", "--ab", "--side-by-side", "--cmd", f"{sys.executable} {script} 1.05", "--baseline-cmd",
+        f"{sys.executable} {script} 1.0", "--calibrate-blocks", "2", "--blocks", "3", "--metrics", "step_time",
+        "--out", str(tmp_path / "out"), "--json", str(tmp_path / "ab.json"), "--markdown", str(tmp_path / "ab.md"),
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "A|B then B|A" in result.stdout and "REGRESSION" in result.stdout
+    document = json.loads((tmp_path / "ab.json").read_text())
+    assert document["side_by_side"] is True and document["blocks_run"] == 3
+    (step,) = document["metrics"]
+    assert step["ratio"] == pytest.approx(1.05, rel=0.01)
+    assert "A|B then B|A" in (tmp_path / "ab.md").read_text()
+    first, second = cpu_halves()
+    for phase, blocks in (("calibration", 2), ("ab", 3)):
+        for block in range(1, blocks + 1):
+            seen = {
+                slot: json.loads((tmp_path / "out" / phase / f"block-{block:02d}" / slot / "run-01" / "seen.json").read_text())
+                for slot in ("A-1", "A-2", "B-1", "B-2")
+            }  # fmt: skip
+            for a, b in (("A-1", "B-1"), ("A-2", "B-2")):  # one round: both at once, on the two halves
+                assert {tuple(seen[a]["cpus"]), tuple(seen[b]["cpus"])} == {first, second}
+                assert seen[a]["started"] < seen[b]["ended"] and seen[b]["started"] < seen[a]["ended"]
+            assert seen["A-1"]["cpus"] != seen["A-2"]["cpus"]  # each side on each half within the block
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin"
+)
+@pytest.mark.slow  # one round: a failing run ends its partner
+def test_side_by_side_names_the_run_that_failed_and_ends_the_one_beside_it(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    slow = tmp_path / "slow.py"
+    slow.write_text(SLOW_WORK, encoding="utf-8")
+    started_s = time.monotonic()
+    result = cli(
+        "bench", "--ab", "--side-by-side", "--cmd", f"{sys.executable} -c 'import sys; sys.exit(3)'",
+        "--baseline-cmd", f"{sys.executable} {slow} {pid_file}", "--calibrate-blocks", "0", "--blocks", "2",
+        "--out", str(tmp_path / "out"),
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "candidate block 1" in result.stderr and "exited with 3" in result.stderr
+    assert "cancelled" not in result.stderr
+    assert time.monotonic() - started_s < 60  # the baseline's 120 s sleep was ended, not waited for
+    run_pid = int(pid_file.read_text())
+    assert not psutil.pid_exists(run_pid) or psutil.Process(run_pid).status() == psutil.STATUS_ZOMBIE
+
+
 WORK = """
 import os, sys
 from pathlib import Path
@@ -450,14 +558,24 @@ def test_sigterm_ends_the_runs_and_removes_the_baseline_worktree(tmp_path: Path)
         (["--alpha", "0.6"], "--alpha must be below 0.5"),
         (["--blocks", "1"], "--blocks must be at least 2"),
         (["--calibrate-blocks", "1"], "--calibrate-blocks must be 0 or at least 2"),
+        (["--side-by-side", "--calibration", "CALIBRATION"], "its blocks ran one after another"),
     ],
 )
 def test_bad_ab_options_are_exit_2_naming_the_option(
     tmp_path: Path, options: list[str], message: str
 ) -> None:
+    # A calibration of blocks run one after another (as every one before --side-by-side was).
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({"metrics": [{"metric": "step time", "log_ratios": [0.0, 0.01]}]}))
+    options = [str(calibration) if o == "CALIBRATION" else o for o in options]
     result = cli(
         "bench", "--ab", "--cmd", "true", "--baseline-cmd", "true", "--out", str(tmp_path / "out"),
         *(["--blocks", "3"] if "--blocks" not in options else []), *options,
     )  # fmt: skip
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()  # refused before any run
+
+
+def test_side_by_side_without_ab_is_exit_2() -> None:
+    result = cli("bench", "--side-by-side", "--cmd", "true", "--out", "/nonexistent/never-made")
+    assert result.returncode == 2 and "add --ab" in result.stderr and "Traceback" not in result.stderr

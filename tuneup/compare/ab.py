@@ -32,10 +32,14 @@ directions. At each look the test is the same paired t-test, held to the look's 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import os
 import random
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
@@ -68,6 +72,7 @@ if TYPE_CHECKING:
 BASELINE = "baseline"  # side A
 CANDIDATE = "candidate"  # side B
 SLOT = {BASELINE: "A", CANDIDATE: "B"}  # the run directories' names: block-01/A-1/run-01
+OTHER = {BASELINE: CANDIDATE, CANDIDATE: BASELINE}
 RUNS_PER_BLOCK = 4  # A B B A: two runs a side
 MIN_BLOCKS = 2  # a t-test needs a variance of the block figures
 DEFAULT_POWER = 0.9
@@ -183,6 +188,13 @@ class PairedComparison:
 
     def as_dict(self) -> dict[str, Any]:
         return {**verdict_fields(self), "effect_text": self.effect_text}
+
+
+def block_shape(side_by_side: bool) -> str:
+    """What one block runs, in words."""
+    if side_by_side:
+        return "A|B then B|A (A and B at once, each on half of the CPUs, the halves swapped)"
+    return "A B B A or B A A B"
 
 
 def _blocks(n: int) -> str:
@@ -523,6 +535,37 @@ def plan(
     )
 
 
+def side_by_side_schedule(blocks: int, seed: int) -> list[tuple[int, str]]:
+    """(block number from 0, the side on the first half of the CPUs) for each of a block's two rounds, in
+    running order; the other side runs at the same time on the second half. Each block runs both sides on
+    both halves, so that a half that is faster (another job's threads, a busier physical core) hits both
+    alike; which side takes the first half first is drawn by `seed`."""
+    if blocks < 1:
+        raise ValueError(f"blocks must be at least 1, got {blocks}")
+    rng = random.Random(seed)
+    order: list[tuple[int, str]] = []
+    for block in range(blocks):
+        first, second = (BASELINE, CANDIDATE) if rng.random() < 0.5 else (CANDIDATE, BASELINE)
+        order.extend(((block, first), (block, second)))
+    return order
+
+
+def cpu_halves(cpus: Iterable[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The CPUs this process may use (or `cpus`), split into two halves for the two sides of a
+    side-by-side block; ValueError when there are fewer than two or the system cannot pin processes."""
+    if cpus is None:
+        if not hasattr(os, "sched_getaffinity"):
+            raise ValueError(
+                "side by side pins each side to its CPUs, which this system does not allow (Linux)"
+            )
+        cpus = os.sched_getaffinity(0)
+    ordered = tuple(sorted(cpus))
+    if len(ordered) < 2:
+        raise ValueError(f"side by side needs at least 2 CPUs, one a side; this job may use {len(ordered)}")
+    middle = len(ordered) // 2
+    return ordered[:middle], ordered[middle:]
+
+
 def run_blocks(
     baseline: Workload,
     candidate: Workload,
@@ -533,36 +576,80 @@ def run_blocks(
     timeout_s: float,
     echo: Callable[[str], None] = print,
     stop: Callable[[list[dict[str, list[Path]]]], bool] | None = None,
+    side_by_side: bool = False,
 ) -> tuple[list[dict[str, list[Path]]], float]:
-    """Run the schedule's blocks with bench's runner (`run_bench`: one run each, recorded through
+    """Run the schedule's blocks with bench's runner (`run_once`: one run each, recorded through
     TUNEUP_DIR); returns each block's run directories by side, in running order, and the mean seconds a
-    block took. `stop`, asked with the blocks done after each block, ends the job early when it says so."""
-    from tuneup.compare.bench import run_bench
+    block took. `stop`, asked with the blocks done after each block, ends the job early when it says so.
+    `side_by_side`: each block is two rounds of A and B at once, each pinned to half of the CPUs, the
+    halves swapped in the second round (`side_by_side_schedule`), instead of A B B A one after another."""
+    from tuneup.compare.bench import BenchError, run_once
 
     workloads = {BASELINE: baseline, CANDIDATE: candidate}
     runs: list[dict[str, list[Path]]] = [{BASELINE: [], CANDIDATE: []} for _ in range(blocks)]
+    halves = cpu_halves() if side_by_side else None
     started_s = time.monotonic()
-    order = schedule(blocks, seed)
-    for i, (block, side) in enumerate(order):
+
+    def run(block: int, side: str, cpus: Sequence[int] | None, cancel: Callable[[], bool] | None) -> None:
         position = len(runs[block][side]) + 1
-        workload = workloads[side]
-        # Its own label per slot: run_bench keeps every label's runs in a directory of its own. The two
-        # sides' labels are of one length (A-1, B-1): the run directory reaches the workload through the
-        # environment, and an environment one byte longer moves the process's stack and can change its
-        # speed by itself (Mytkowicz et al., "Producing wrong data without doing anything obviously
-        # wrong!", ASPLOS 2009), a bias that no number of blocks would average out.
-        slot = dataclasses.replace(workload, label=f"{SLOT[side]}-{position}")
-        sets = run_bench(
-            [slot], 1, out_dir / f"block-{block + 1:02d}", timeout_s=timeout_s, echo=lambda _: None
+        # Its own label per slot. The two sides' labels are of one length (A-1, B-1): the run directory
+        # reaches the workload through the environment, and an environment one byte longer moves the
+        # process's stack and can change its speed by itself (Mytkowicz et al., "Producing wrong data
+        # without doing anything obviously wrong!", ASPLOS 2009), a bias no number of blocks averages out.
+        label = f"{SLOT[side]}-{position}"
+        run_dir = out_dir / f"block-{block + 1:02d}" / label / "run-01"
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise BenchError(f"{run_dir} already holds a run; give --out an empty or new directory")
+        runs[block][side].append(run_dir)
+        run_once(
+            workloads[side], run_dir, f"block {block + 1}", timeout_s=timeout_s, cpus=cpus, cancel=cancel
         )
-        runs[block][side].append(sets[slot.label] / "run-01")
-        if i % RUNS_PER_BLOCK == RUNS_PER_BLOCK - 1:
-            sides = " ".join(SLOT[s] for _, s in order[i - 3 : i + 1])
-            echo(f"block {block + 1}/{blocks} ({sides}): {time.monotonic() - started_s:.1f} s so far")
-            if stop is not None and block + 1 < blocks and stop(runs[: block + 1]):
-                runs = runs[: block + 1]
-                break
-    return runs, (time.monotonic() - started_s) / len(runs)
+
+    def block_done(block: int, sides: str) -> bool:
+        echo(f"block {block + 1}/{blocks} ({sides}): {time.monotonic() - started_s:.1f} s so far")
+        return stop is not None and block + 1 < blocks and stop(runs[: block + 1])
+
+    if halves is None:
+        order = schedule(blocks, seed)
+        for i, (block, side) in enumerate(order):
+            run(block, side, None, None)
+            if i % RUNS_PER_BLOCK != RUNS_PER_BLOCK - 1:
+                continue
+            if block_done(block, " ".join(SLOT[s] for _, s in order[i - 3 : i + 1])):
+                return runs[: block + 1], (time.monotonic() - started_s) / (block + 1)
+    else:
+        order = side_by_side_schedule(blocks, seed)
+        for i, (block, first) in enumerate(order):
+            _together(
+                functools.partial(run, block, first, halves[0]),
+                functools.partial(run, block, OTHER[first], halves[1]),
+            )
+            if i % 2 == 0:
+                continue
+            rounds = " then ".join(f"{SLOT[s]}|{SLOT[OTHER[s]]}" for _, s in order[i - 1 : i + 1])
+            if block_done(block, rounds):
+                return runs[: block + 1], (time.monotonic() - started_s) / (block + 1)
+    return runs, (time.monotonic() - started_s) / blocks
+
+
+def _together(*jobs: Callable[[Callable[[], bool]], None]) -> None:
+    """Run the jobs at once, each in a thread of its own, and wait for all of them. The first to fail
+    cancels the others (each job asks the callable it is given whether to stop) and its error is raised
+    once they have ended; so is a KeyboardInterrupt while they run."""
+    cancelled = threading.Event()
+    first_error: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = [pool.submit(job, cancelled.is_set) for job in jobs]
+        try:
+            for future in as_completed(futures):
+                if (error := future.exception()) is not None and first_error is None:
+                    first_error = error
+                    cancelled.set()
+        except BaseException:
+            cancelled.set()
+            raise
+    if first_error is not None:
+        raise first_error
 
 
 def exit_code(results: Sequence[PairedComparison], *, inconclusive_fails: bool, detailed: bool) -> int:
@@ -648,6 +735,7 @@ def format_markdown(
     skipped: Mapping[str, str] | None = None,
     design: Design | None = None,
     noise: NoiseSeen | None = None,
+    side_by_side: bool = False,
 ) -> str:
     """For a GitHub job summary or a pull-request comment: the verdicts (one effect figure a metric, as
     the table), the two sides, the blocks and what they could detect (planned, and with `noise` seen)."""
@@ -688,7 +776,7 @@ def format_markdown(
 
     lines.append(f"- baseline (A): {code(baseline)}")
     lines.append(f"- candidate (B): {code(candidate)}")
-    lines.append(f"- {_blocks(blocks)} of A B B A or B A A B, order drawn with seed {seed}")
+    lines.append(f"- {_blocks(blocks)} of {block_shape(side_by_side)}, order drawn with seed {seed}")
     if design is not None:
         last = design.looks[-1]
         if last.blocks < last.planned_blocks:

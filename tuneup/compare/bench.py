@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,24 +91,59 @@ def run_bench(
             )
     for n, workload in interleaved(workloads, runs):
         run_dir = sets[workload.label] / f"run-{n:02d}"
-        env = {**os.environ, **workload.env, ENV_RUN_DIR: str(run_dir.resolve())}
-        try:
-            # Its own session: a timeout ends a torchrun's or Lightning's ranks too, not only the launcher.
-            run = run_tree(workload.argv(), env=env, cwd=workload.cwd, output=CAPTURE, timeout_s=timeout_s)
-        except FileNotFoundError as exc:
-            raise BenchError(
-                f"{workload.label}: cannot run {workload.shown!r} ({exc.strerror or exc})"
-            ) from None
-        if run.timed_out:
-            raise BenchError(f"{workload.label} run {n} took longer than {timeout_s:.0f} s; raise --timeout")
-        if run.returncode != 0:
-            raise BenchError(
-                f"{workload.label} run {n} ({workload.shown}) exited with {run.returncode}: {run.tail(3)}"
-            )
-        if not (run_dir / MANIFEST_FILE).is_file():
-            raise BenchError(
-                f"{workload.label} run {n} recorded no run in {run_dir}: does it train with TuneupCallback() "
-                f"with dirpath left unset (so that {ENV_RUN_DIR} applies)?"
-            )
-        echo(f"{workload.label} run {n}/{runs}: {run.duration_s:.1f} s -> {run_dir}")
+        seconds = run_once(workload, run_dir, f"run {n}", timeout_s=timeout_s)
+        echo(f"{workload.label} run {n}/{runs}: {seconds:.1f} s -> {run_dir}")
     return sets
+
+
+def pinned_argv(argv: Sequence[str], cpus: Iterable[int]) -> list[str]:
+    """`argv` run on `cpus` only: a Python launcher sets its affinity and execs it, so that every process
+    it starts (a launcher's ranks, dataloader workers) inherits the set; no `taskset` needed."""
+    code = (
+        f"import os, sys; os.sched_setaffinity(0, {sorted(cpus)!r})\n"
+        "try:\n os.execvp(sys.argv[1], sys.argv[1:])\n"
+        "except OSError as exc:\n sys.exit(f'cannot run {sys.argv[1]}: {exc.strerror or exc}')"
+    )
+    return [sys.executable, "-c", code, *argv]
+
+
+def run_once(
+    workload: Workload,
+    run_dir: Path,
+    name: str,
+    *,
+    timeout_s: float,
+    cpus: Iterable[int] | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> float:
+    """One run of `workload` recorded into `run_dir` (through TUNEUP_DIR), on `cpus` when given; its
+    seconds. BenchError, naming the run as `name`, when it cannot start, fails, times out or records
+    nothing; `cancel`, asked while it runs, ends it (its tree included) once it says so."""
+    env = {**os.environ, **workload.env, ENV_RUN_DIR: str(run_dir.resolve())}
+    argv = workload.argv() if cpus is None else pinned_argv(workload.argv(), cpus)
+    try:
+        # Its own session: a timeout ends a torchrun's or Lightning's ranks too, not only the launcher.
+        run = run_tree(
+            argv,
+            env=env,
+            cwd=workload.cwd,
+            output=CAPTURE,
+            timeout_s=timeout_s,
+            watch=None if cancel is None else (lambda: "cancelled" if cancel() else None),
+        )
+    except FileNotFoundError as exc:
+        raise BenchError(f"{workload.label}: cannot run {workload.shown!r} ({exc.strerror or exc})") from None
+    if run.stopped is not None:
+        raise BenchError(f"{workload.label} {name} was {run.stopped}")
+    if run.timed_out:
+        raise BenchError(f"{workload.label} {name} took longer than {timeout_s:.0f} s; raise --timeout")
+    if run.returncode != 0:
+        raise BenchError(
+            f"{workload.label} {name} ({workload.shown}) exited with {run.returncode}: {run.tail(3)}"
+        )
+    if not (run_dir / MANIFEST_FILE).is_file():
+        raise BenchError(
+            f"{workload.label} {name} recorded no run in {run_dir}: does it train with TuneupCallback() "
+            f"with dirpath left unset (so that {ENV_RUN_DIR} applies)?"
+        )
+    return run.duration_s

@@ -213,6 +213,13 @@ def add_ab_arguments(bench: argparse.ArgumentParser) -> None:
         help="plan from a previous A/A's --json (the same command on both sides) instead of running one",
     )
     group.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run A and B at once, each pinned to half of the CPUs (swapped within each block), instead of "
+        "A B B A one after another: about twice the blocks in the time, for workloads that use at most "
+        "half of the runner's cores (Linux; benchmarks/README.md has the trials)",
+    )
+    group.add_argument(
         "--looks",
         type=int,
         default=DEFAULT_LOOKS,
@@ -419,6 +426,8 @@ def _cmd_bench(args: argparse.Namespace, usage_error: type[Exception]) -> int:
     def run() -> int:
         if args.ab:
             return _bench_ab(args)
+        if args.side_by_side:
+            raise CompareInputError("--side-by-side runs the blocks of --ab; add --ab")
         candidate = Workload("candidate", args.cmd, args.entry)
         workloads = [candidate]
         if (args.baseline_cmd or args.baseline_entry or args.baseline_ref) and args.baseline:
@@ -514,6 +523,11 @@ def _bench_ab(args: argparse.Namespace) -> int:
         raise CompareInputError(f"--looks must be at least 1 (1: no early stop), got {args.looks}")
     if args.calibrate_blocks < 0 or args.calibrate_blocks == 1:
         raise CompareInputError(f"--calibrate-blocks must be 0 or at least {ab.MIN_BLOCKS}")
+    if args.side_by_side:
+        try:
+            ab.cpu_halves()
+        except ValueError as exc:
+            raise CompareInputError(f"--side-by-side: {exc}; run the blocks one after another") from None
     rule = ab.ab_rule(ab.DEFAULT_ALPHA if args.alpha is None else args.alpha, args.min_detectable)
     if rule.alpha >= 0.5:
         # A one-sided test at 0.5 or more flags a coin's toss; the looks' boundaries are not defined there.
@@ -580,6 +594,13 @@ def _run_ab(
     plan = None
     if args.calibration:
         document = json.loads(Path(args.calibration).read_text(encoding="utf-8"))
+        if bool(document.get("side_by_side")) != args.side_by_side:
+            # The two ways' blocks differ in noise and in time: a plan from the other's would be wrong.
+            ran = "side by side" if document.get("side_by_side") else "one after another"
+            raise CompareInputError(
+                f"{args.calibration}: its blocks ran {ran}; calibrate the way this job runs "
+                f"({'with' if args.side_by_side else 'without'} --side-by-side)"
+            )
         entry = next(
             (m for m in document.get("metrics", []) if m.get("metric") == METRICS[plan_metric].label), None
         )
@@ -597,6 +618,7 @@ def _run_ab(
             args.seed + 1,
             out / "calibration",
             timeout_s=args.timeout,
+            side_by_side=args.side_by_side,
         )
         aa_pairs = block_figures(aa_blocks, plan_metric)
         if isinstance(aa_pairs, str):
@@ -626,7 +648,10 @@ def _run_ab(
         print("no A/A calibration: what change these blocks can detect is not known")
     blocks_to_run = plan.blocks if plan is not None else args.blocks
     design = sequential.design(blocks_to_run, rule.alpha, args.looks)
-    print(f"\nA/B: at most {blocks_to_run} blocks, seed {args.seed}; {design.text()}")
+    print(
+        f"\nA/B: at most {blocks_to_run} blocks of {ab.block_shape(args.side_by_side)}, seed {args.seed}; "
+        f"{design.text()}"
+    )
 
     def decide(blocks: list[dict[str, list[Path]]]) -> tuple[list[Any], dict[str, str]]:
         """Every metric's verdict at the look these blocks reach, and the metrics that cannot be compared."""
@@ -681,7 +706,14 @@ def _run_ab(
         return False
 
     ab_blocks, seconds_per_block = ab.run_blocks(
-        baseline, candidate, blocks_to_run, args.seed, out / "ab", timeout_s=args.timeout, stop=settled
+        baseline,
+        candidate,
+        blocks_to_run,
+        args.seed,
+        out / "ab",
+        timeout_s=args.timeout,
+        stop=settled,
+        side_by_side=args.side_by_side,
     )
     results, skipped = decide(ab_blocks)
     for name, why in skipped.items():
@@ -716,12 +748,14 @@ def _run_ab(
             skipped=skipped,
             design=design,
             noise=noise,
+            side_by_side=args.side_by_side,
         ),
         suite_xml("tuneup bench --ab", properties, results, skipped),
     )
     if args.json:
         document = {
             "seed": args.seed,
+            "side_by_side": args.side_by_side,
             "seconds_per_block": seconds_per_block,
             "plan": None if plan is None else dataclasses.asdict(plan),
             "rule": dataclasses.asdict(rule),
