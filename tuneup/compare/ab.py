@@ -92,14 +92,19 @@ SD_CONFIDENCE = 0.8
 
 def schedule(blocks: int, seed: int) -> list[tuple[int, str]]:
     """(block number from 0, side) in running order: each block A B B A or B A A B, drawn by `seed`."""
+    return [
+        (block, side)
+        for block, first in enumerate(_first_sides(blocks, seed))
+        for side in (first, OTHER[first], OTHER[first], first)
+    ]
+
+
+def _first_sides(blocks: int, seed: int) -> list[str]:
+    """The side that goes first in each block, drawn by `seed` (a block's order is A B or B A first)."""
     if blocks < 1:
         raise ValueError(f"blocks must be at least 1, got {blocks}")
     rng = random.Random(seed)
-    order: list[tuple[int, str]] = []
-    for block in range(blocks):
-        first, second = (BASELINE, CANDIDATE) if rng.random() < 0.5 else (CANDIDATE, BASELINE)
-        order.extend((block, side) for side in (first, second, second, first))
-    return order
+    return [BASELINE if rng.random() < 0.5 else CANDIDATE for _ in range(blocks)]
 
 
 def block_log_ratio(baseline: Sequence[float], candidate: Sequence[float]) -> float:
@@ -540,14 +545,11 @@ def side_by_side_schedule(blocks: int, seed: int) -> list[tuple[int, str]]:
     running order; the other side runs at the same time on the second half. Each block runs both sides on
     both halves, so that a half that is faster (another job's threads, a busier physical core) hits both
     alike; which side takes the first half first is drawn by `seed`."""
-    if blocks < 1:
-        raise ValueError(f"blocks must be at least 1, got {blocks}")
-    rng = random.Random(seed)
-    order: list[tuple[int, str]] = []
-    for block in range(blocks):
-        first, second = (BASELINE, CANDIDATE) if rng.random() < 0.5 else (CANDIDATE, BASELINE)
-        order.extend(((block, first), (block, second)))
-    return order
+    return [
+        (block, side)
+        for block, first in enumerate(_first_sides(blocks, seed))
+        for side in (first, OTHER[first])
+    ]
 
 
 def cpu_halves(cpus: Iterable[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
