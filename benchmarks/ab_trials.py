@@ -51,9 +51,11 @@ COMMIT = subprocess.run(
 ).stdout.strip()
 
 
-def workload_command(workload: str, steps: int, slowdown: float) -> str:
+def workload_command(workload: str, steps: int, slowdown: float, clock: str = "wall") -> str:
     script = shlex.quote(str(HERE / "ab_workload.py"))
     tail = f"{script} --steps {steps} --slowdown {slowdown:g}"
+    if clock != "wall":  # the earlier trials' commands, unchanged where the clock is the wall's
+        tail += f" --slowdown-clock {clock}"
     if workload == "ddp":
         return (
             f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node 2 {tail}"
@@ -125,7 +127,7 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
     bench_args = [
         "--ab",
         "--baseline-cmd", workload_command(args.workload, args.steps, 0.0),
-        "--cmd", workload_command(args.workload, args.steps, slowdown),
+        "--cmd", workload_command(args.workload, args.steps, slowdown, args.slowdown_clock),
         "--calibration", str(calibration),
         "--max-minutes", f"{args.max_minutes:g}",
         "--min-detectable", f"{args.min_detectable:g}",
@@ -150,6 +152,7 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
         "commit": COMMIT,
         "workload": args.workload,
         "side_by_side": args.side_by_side,
+        "slowdown_clock": args.slowdown_clock,
         "kind": kind,
         "trial": index,
         "injected": slowdown,
@@ -214,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20, help="trials of each kind")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"from {', '.join(KINDS)}")
     parser.add_argument("--slowdown", type=float, default=0.05)
+    parser.add_argument(
+        "--slowdown-clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="ab_workload.py's: cpu for --workload ddp --side-by-side, whose ranks share a core",
+    )
     parser.add_argument("--min-detectable", type=float, default=0.05)
     parser.add_argument("--max-minutes", type=float, default=10.0, help="each trial's CI time")
     parser.add_argument("--calibration-blocks", type=int, default=10)
