@@ -245,9 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         calibration = args.out / "calibration.json"
         if not calibration.is_file():
             command = workload_command(args.workload, args.steps, 0.0)
+            # One look: an A/A that settles NO CHANGE early would stop short of the blocks asked for (the
+            # DDP side-by-side calibration of 12-04 stopped at 7 of 10).
             code, seconds = tuneup_bench(
                 "--ab", "--baseline-cmd", command, "--cmd", command, "--calibrate-blocks", "0",
-                "--blocks", str(args.calibration_blocks), "--metrics", args.metrics,
+                "--blocks", str(args.calibration_blocks), "--looks", "1", "--metrics", args.metrics,
                 "--out", str(args.out / "calibration"), "--json", str(calibration), *side_by_side(args),
             )  # fmt: skip
             print(f"calibration: {args.calibration_blocks} A/A blocks in {seconds:.0f} s (exit {code})")
