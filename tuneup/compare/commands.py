@@ -217,7 +217,8 @@ def add_ab_arguments(bench: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run A and B at once, each pinned to half of the CPUs (swapped within each block), instead of "
         "A B B A one after another: about twice the blocks in the time, for workloads that use at most "
-        "half of the runner's cores (Linux; benchmarks/README.md has the trials)",
+        "half of the runner's cores or whose processes can share them, as a 2-rank DDP run's ranks on one "
+        "core (Linux; benchmarks/README.md has the trials)",
     )
     group.add_argument(
         "--looks",
