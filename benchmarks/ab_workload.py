@@ -7,10 +7,12 @@ with `tuneup.track`, one process or 2-rank DDP under torchrun (gloo), with an op
 `--slowdown F` makes each step slower by F of its own time, with compute: after the optimizer, the step
 multiplies small matrices until F x (the step's time so far) has passed. The slowdown is exact in
 expectation whatever the machine's speed, and it is compute, as the rest of the step, so a busy runner
-slows it alike. `--slowdown-clock cpu` reads the process's CPU time instead of the wall clock: F more of
-the step's own work. The two agree where a process has a core to itself. They part where the 2 ranks of
-a DDP run share one core (`ab_trials.py --side-by-side`): a rank's wall step then holds the other rank's
-work too, so a wall-clock F costs more than F (12-04, one trial: +12.8% measured on a 5% injection).
+slows it alike. `--slowdown-clock cpu` reads the process's CPU time instead of the wall clock. The two
+agree where a process has a core to itself. They part where the 2 ranks of a DDP run share one core
+(`ab_trials.py --side-by-side`): a rank's wall step then holds the other rank's work too, so a wall-clock F
+costs more than F (12-04, one trial: +12.8% measured on a 5% injection). The CPU clock comes closer but
+still over: on 12-04 its 5% grew the optimizer phase by 6.6-7.2% of the baseline's step in 7 trials
+(benchmarks/README.md; perhaps gloo's waiting counts as CPU time, not checked).
 The run directory comes from TUNEUP_DIR (as `tuneup bench` sets it).
 """
 
