@@ -219,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown", type=float, default=0.05)
     parser.add_argument(
         "--slowdown-clock",
-        choices=("wall", "cpu"),
+        choices=("wall", "cpu", "thread"),
         default="wall",
-        help="ab_workload.py's: cpu for --workload ddp --side-by-side, whose ranks share a core",
+        help="ab_workload.py's (which says what each measures); the earlier trials ran wall and cpu",
     )
     parser.add_argument("--min-detectable", type=float, default=0.05)
     parser.add_argument("--max-minutes", type=float, default=10.0, help="each trial's CI time")

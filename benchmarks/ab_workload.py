@@ -33,6 +33,15 @@ DEPTH = 4
 BATCH = int(os.environ.get("ABW_BATCH", "64"))
 
 
+# The clocks --slowdown can be a fraction of: the wall's, the process's CPU time (all its threads: gloo's
+# and tuneup's sampler too), the main thread's CPU time (the step's own work alone).
+CLOCKS: dict[str, Callable[[], float]] = {
+    "wall": time.perf_counter,
+    "cpu": time.process_time,
+    "thread": time.thread_time,
+}
+
+
 def burn_s(seconds: float, scratch: torch.Tensor, clock: Callable[[], float]) -> None:
     """Compute (small matmuls) until `seconds` of `clock` have passed."""
     end = clock() + seconds
@@ -46,12 +55,12 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=0.0, help="fraction of each step's time added")
     parser.add_argument(
         "--slowdown-clock",
-        choices=("wall", "cpu"),
+        choices=tuple(CLOCKS),
         default="wall",
         help="the time --slowdown is a fraction of",
     )
     args = parser.parse_args()
-    clock = time.process_time if args.slowdown_clock == "cpu" else time.perf_counter
+    clock = CLOCKS[args.slowdown_clock]
     torch.set_num_threads(1)  # one core a process: the 2-rank DDP run fills the 2-core runner
     torch.manual_seed(0)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
