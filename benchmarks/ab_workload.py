@@ -5,14 +5,16 @@ with `tuneup.track`, one process or 2-rank DDP under torchrun (gloo), with an op
     torchrun --nproc-per-node 2 benchmarks/ab_workload.py --slowdown 0.05
 
 `--slowdown F` makes each step slower by F of its own time, with compute: after the optimizer, the step
-multiplies small matrices until F x (the step's time so far) has passed. The slowdown is exact in
-expectation whatever the machine's speed, and it is compute, as the rest of the step, so a busy runner
-slows it alike. `--slowdown-clock cpu` reads the process's CPU time instead of the wall clock. The two
-agree where a process has a core to itself. They part where the 2 ranks of a DDP run share one core
-(`ab_trials.py --side-by-side`): a rank's wall step then holds the other rank's work too, so a wall-clock F
-costs more than F (12-04, one trial: +12.8% measured on a 5% injection). The CPU clock comes closer but
-still over: on 12-04 its 5% grew the optimizer phase by 6.6-7.2% of the baseline's step in 7 trials
-(benchmarks/README.md; perhaps gloo's waiting counts as CPU time, not checked).
+multiplies small matrices until F x (the step's time so far) has passed on `--slowdown-clock`: `wall`;
+`cpu`, the process's CPU time (all its threads: gloo's and tuneup's sampler too); `thread`, the main
+thread's CPU time, the step's own work. The three agree where a process has a core to itself. They part
+where the 2 ranks of a DDP run share one core (`ab_trials.py --side-by-side`): a rank's wall step then
+holds the other rank's work, and the two ranks' burns take turns, so the wall clock's 5% measured +12.8%
+(12-04, one trial); the CPU clock's added 6.6-7.2% of the baseline's step in the optimizer phase (7
+trials); the thread clock's added 5.6% (one trial), the compute workload's 5.2%. Tried and dropped:
+fixed work, 5% of the step's FLOPs as more rows of the first layer, which added 6.4% of the compute
+step (a small matmul costs more a FLOP) and would add less than 5% to the DDP step, 40% of which is
+communication. benchmarks/README.md has the figures.
 The run directory comes from TUNEUP_DIR (as `tuneup bench` sets it).
 """
 
