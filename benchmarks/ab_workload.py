@@ -11,10 +11,11 @@ thread's CPU time, the step's own work. The three agree where a process has a co
 where the 2 ranks of a DDP run share one core (`ab_trials.py --side-by-side`): a rank's wall step then
 holds the other rank's work, and the two ranks' burns take turns, so the wall clock's 5% measured +12.8%
 (12-04, one trial); the CPU clock's added 6.6-7.2% of the baseline's step in the optimizer phase (7
-trials); the thread clock's added 5.6% (one trial), the compute workload's 5.2%. Tried and dropped:
-fixed work, 5% of the step's FLOPs as more rows of the first layer, which added 6.4% of the compute
-step (a small matmul costs more a FLOP) and would add less than 5% to the DDP step, 40% of which is
-communication. benchmarks/README.md has the figures.
+trials); the thread clock's added 5.6% (one trial), and 5.2% and 5.5% of the compute workload's step.
+Tried and dropped: fixed work, 5% of the step's FLOPs as more rows of the first layer, which added 6.4%
+of the compute step (a small matmul costs more a FLOP) and would add less than 5% to the DDP step, of
+whose ~52 ms the two ranks' compute (~15 ms each, as the compute workload's step) is about 30 ms.
+benchmarks/README.md has the figures.
 The run directory comes from TUNEUP_DIR (as `tuneup bench` sets it).
 """
 
