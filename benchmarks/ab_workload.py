@@ -36,8 +36,7 @@ DEPTH = 4
 BATCH = int(os.environ.get("ABW_BATCH", "64"))
 
 
-# The clocks --slowdown can be a fraction of: the wall's, the process's CPU time (all its threads: gloo's
-# and tuneup's sampler too), the main thread's CPU time (the step's own work alone).
+# The clocks --slowdown can be a fraction of (the module's docstring says what each counts and why).
 CLOCKS: dict[str, Callable[[], float]] = {
     "wall": time.perf_counter,
     "cpu": time.process_time,
