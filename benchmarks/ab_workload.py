@@ -11,7 +11,9 @@ thread's CPU time, the step's own work. The three agree where a process has a co
 where the 2 ranks of a DDP run share one core (`ab_trials.py --side-by-side`): a rank's wall step then
 holds the other rank's work, and the two ranks' burns take turns, so the wall clock's 5% measured +12.8%
 (12-04, one trial); the CPU clock's added 6.6-7.2% of the baseline's step in the optimizer phase (7
-trials); the thread clock's added 5.6% (one trial), and 5.2% and 5.5% of the compute workload's step.
+trials); the thread clock's added 5.4-6.7% (9 trials), and 5.2% and 5.5% of the compute workload's step.
+With the DDP ranks on one core that is not what the step feels: part of the burn fills time a rank
+would have waited for its partner, and the steps grew by 0-6% (12-04 night, 8 trials).
 Tried and dropped: fixed work, 5% of the step's FLOPs as more rows of the first layer, which added 6.4%
 of the compute step (a small matmul costs more a FLOP) and would add less than 5% to the DDP step, of
 whose ~52 ms the two ranks' compute (~15 ms each, as the compute workload's step) is about 30 ms.
