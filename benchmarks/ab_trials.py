@@ -51,11 +51,15 @@ COMMIT = subprocess.run(
 ).stdout.strip()
 
 
-def workload_command(workload: str, steps: int, slowdown: float, clock: str = "wall") -> str:
+def workload_command(
+    workload: str, steps: int, slowdown: float, clock: str = "wall", by: str = "burn"
+) -> str:
     script = shlex.quote(str(HERE / "ab_workload.py"))
     tail = f"{script} --steps {steps} --slowdown {slowdown:g}"
     if clock != "wall":  # the earlier trials' commands, unchanged where the clock is the wall's
         tail += f" --slowdown-clock {clock}"
+    if slowdown > 0.0 and by != "burn":  # and where the slowdown is a burn
+        tail += f" --slowdown-by {by}"
     if workload == "ddp":
         return (
             f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node 2 {tail}"
@@ -127,7 +131,7 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
     bench_args = [
         "--ab",
         "--baseline-cmd", workload_command(args.workload, args.steps, 0.0),
-        "--cmd", workload_command(args.workload, args.steps, slowdown, args.slowdown_clock),
+        "--cmd", workload_command(args.workload, args.steps, slowdown, args.slowdown_clock, args.slowdown_by),
         "--calibration", str(calibration),
         "--max-minutes", f"{args.max_minutes:g}",
         "--min-detectable", f"{args.min_detectable:g}",
@@ -153,6 +157,7 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
         "workload": args.workload,
         "side_by_side": args.side_by_side,
         "slowdown_clock": args.slowdown_clock,
+        "slowdown_by": args.slowdown_by,
         "kind": kind,
         "trial": index,
         "injected": slowdown,
@@ -222,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("wall", "cpu", "thread"),
         default="wall",
         help="ab_workload.py's (which says what each measures); the earlier trials ran wall and cpu",
+    )
+    parser.add_argument(
+        "--slowdown-by",
+        choices=("burn", "sleep"),
+        default="burn",
+        help="ab_workload.py's: compute, or a stall the ranks share (what lands as --slowdown on a DDP step)",
     )
     parser.add_argument("--min-detectable", type=float, default=0.05)
     parser.add_argument("--max-minutes", type=float, default=10.0, help="each trial's CI time")

@@ -14,6 +14,11 @@ holds the other rank's work, and the two ranks' burns take turns, so the wall cl
 trials); the thread clock's added 5.4-6.7% (9 trials), and 5.2% and 5.5% of the compute workload's step.
 With the DDP ranks on one core that is not what the step feels: part of the burn fills time a rank
 would have waited for its partner, and the steps grew by 0-6% (12-04 night, 8 trials).
+`--slowdown-by sleep` lands F on the step itself, measured: every rank sleeps F x the step's time
+without the sleep (the median of the last 9 steps) right after backward, where DDP's all-reduce has just
+brought the ranks together, so the sleeps overlap and the whole step waits for them, on one core or two.
+It stands for a stall the ranks share (a slower collective, a host sync, an input stall), where the burn
+stands for more compute. What a sleep over- or undershoots is owed to the next step's.
 Tried and dropped: fixed work, 5% of the step's FLOPs as more rows of the first layer, which added 6.4%
 of the compute step (a small matmul costs more a FLOP) and would add less than 5% to the DDP step, of
 whose ~52 ms the two ranks' compute (~15 ms each, as the compute workload's step) is about 30 ms.
@@ -25,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -53,6 +60,31 @@ def burn_s(seconds: float, scratch: torch.Tensor, clock: Callable[[], float]) ->
         torch.mm(scratch, scratch)
 
 
+class SharedStall:
+    """`--slowdown-by sleep`: `fraction` of the step's own time (without the stall), slept after backward."""
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+        self.recent_s: deque[float] = deque(maxlen=9)  # the last steps' times without their stall
+        self.owed_s = 0.0  # what the sleeps so far fell short of (negative: overslept)
+
+    def end_step(self, step_s: float, slept_s: float, first: bool) -> None:
+        if not first:  # the first step holds the process's one-time costs (torch._dynamo's import: 1.2 s)
+            self.recent_s.append(step_s - slept_s)
+
+    def sleep(self, so_far_s: float) -> float:
+        """Sleep this step's share; the seconds slept. `so_far_s`: the step's time to now, the reference
+        until a whole step has been timed."""
+        reference_s = statistics.median(self.recent_s) if self.recent_s else so_far_s
+        self.owed_s += self.fraction * reference_s
+        started = time.perf_counter()
+        if self.owed_s > 0.0:
+            time.sleep(self.owed_s)
+        slept_s = time.perf_counter() - started
+        self.owed_s -= slept_s
+        return slept_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
@@ -61,10 +93,20 @@ def main() -> None:
         "--slowdown-clock",
         choices=tuple(CLOCKS),
         default="wall",
-        help="the time --slowdown is a fraction of",
+        help="the time --slowdown is a fraction of (the burn's)",
+    )
+    parser.add_argument(
+        "--slowdown-by",
+        choices=("burn", "sleep"),
+        default="burn",
+        help="compute after the optimizer, or a sleep every rank takes after backward (on the wall clock)",
     )
     args = parser.parse_args()
+    if args.slowdown_by == "sleep" and args.slowdown_clock != "wall":
+        parser.error("--slowdown-by sleep is a share of the step's wall time: leave out --slowdown-clock")
     clock = CLOCKS[args.slowdown_clock]
+    stall = SharedStall(args.slowdown) if args.slowdown > 0.0 and args.slowdown_by == "sleep" else None
+    burn = args.slowdown if args.slowdown_by == "burn" else 0.0
     torch.set_num_threads(1)  # one core a process: the 2-rank DDP run fills the 2-core runner
     torch.manual_seed(0)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -88,19 +130,26 @@ def main() -> None:
     # flagged peak memory beside the step time.
     torch.mm(scratch, scratch)
     with tuneup.track(batch_size=BATCH, model=model, tags={"workload": "ab-trials"}) as run:
-        for _ in range(args.steps):
+        wall_started, slept_s = time.perf_counter(), 0.0
+        for index in range(args.steps):
             started = clock()
+            if stall is not None and index > 0:
+                now = time.perf_counter()
+                stall.end_step(now - wall_started, slept_s, first=index == 1)
+                wall_started = now
             with run.phase("forward"):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
             with run.phase("backward"):
                 loss.backward()
             with run.phase("optimizer"):
+                if stall is not None:
+                    slept_s = stall.sleep(time.perf_counter() - wall_started)
                 with torch.no_grad():
                     for p in parameters:
                         p.add_(p.grad, alpha=-0.01)
                         p.grad = None
-                if args.slowdown > 0.0:
-                    burn_s(args.slowdown * (clock() - started), scratch, clock)
+                if burn > 0.0:
+                    burn_s(burn * (clock() - started), scratch, clock)
             run.step(loss=loss)
     if distributed:
         dist.destroy_process_group()
