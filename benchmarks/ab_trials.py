@@ -8,7 +8,8 @@ The workload is benchmarks/ab_workload.py (a compute-bound MLP step on CPU; `ddp
 torchrun, gloo). First one A/A calibration (`--calibration-blocks` blocks, the same command on both
 sides), whose --json every trial then plans from, as a CI job would reuse a nightly calibration. Each
 trial is one `tuneup bench --ab` as a CI job runs it (its own process, `--max-minutes`, its own seed):
-- `slow`: the candidate's step made `--slowdown` (5%) slower with compute (ab_workload.py says how);
+- `slow`: the candidate's step made `--slowdown` (5%) slower, with compute or (`--slowdown-by stall`) a
+  stall the ranks share, which is what lands as 5% of a DDP step side by side (ab_workload.py says how);
 - `aa`: the same command on both sides;
 - `aa-burner`: A/A while a process burns one CPU for half of the trial (the first half on even trials,
   the second on odd), as another job on a shared runner would.
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--slowdown-by",
-        choices=("burn", "sleep"),
+        choices=("burn", "stall"),
         default="burn",
         help="ab_workload.py's: compute, or a stall the ranks share (what lands as --slowdown on a DDP step)",
     )

@@ -14,11 +14,14 @@ holds the other rank's work, and the two ranks' burns take turns, so the wall cl
 trials); the thread clock's added 5.4-6.7% (9 trials), and 5.2% and 5.5% of the compute workload's step.
 With the DDP ranks on one core that is not what the step feels: part of the burn fills time a rank
 would have waited for its partner, and the steps grew by 0-6% (12-04 night, 8 trials).
-`--slowdown-by sleep` lands F on the step itself, measured: every rank sleeps F x the step's time
-without the sleep (the median of the last 9 steps) right after backward, where DDP's all-reduce has just
-brought the ranks together, so the sleeps overlap and the whole step waits for them, on one core or two.
-It stands for a stall the ranks share (a slower collective, a host sync, an input stall), where the burn
-stands for more compute. What a sleep over- or undershoots is owed to the next step's.
+`--slowdown-by stall` lands F on the step itself: right after backward the ranks tell each other when
+they got there (an all-reduce of the time: its latency is part of the stall), and each sleeps until
+F x the step's time without the stall (the median of the last 9 steps) after the later one arrived, so
+that the whole step waits that long, on one core or two. It stands for a wait the ranks share (a slower
+collective, a host sync), where the burn stands for more compute; what a stall over- or undershoots is
+owed to the next one. A plain sleep on each rank after backward (60cf6e7, 2 trials) measured +4.4% and
++1.4%: the rank that left backward first slept while the other still worked, so only the overlap of the
+two sleeps was added.
 Tried and dropped: fixed work, 5% of the step's FLOPs as more rows of the first layer, which added 6.4%
 of the compute step (a small matmul costs more a FLOP) and would add less than 5% to the DDP step, of
 whose ~52 ms the two ranks' compute (~15 ms each, as the compute workload's step) is about 30 ms.
@@ -61,28 +64,35 @@ def burn_s(seconds: float, scratch: torch.Tensor, clock: Callable[[], float]) ->
 
 
 class SharedStall:
-    """`--slowdown-by sleep`: `fraction` of the step's own time (without the stall), slept after backward."""
+    """`--slowdown-by stall`: `fraction` of the step's own time (without the stall), waited by every rank
+    together after backward."""
 
-    def __init__(self, fraction: float) -> None:
+    def __init__(self, fraction: float, distributed: bool) -> None:
         self.fraction = fraction
+        self.distributed = distributed
         self.recent_s: deque[float] = deque(maxlen=9)  # the last steps' times without their stall
-        self.owed_s = 0.0  # what the sleeps so far fell short of (negative: overslept)
+        self.owed_s = 0.0  # what the stalls so far fell short of (negative: overshot)
 
-    def end_step(self, step_s: float, slept_s: float, first: bool) -> None:
-        if not first:  # the first step holds the process's one-time costs (torch._dynamo's import: 1.2 s)
-            self.recent_s.append(step_s - slept_s)
+    def end_step(self, step_s: float, stalled_s: float, first: bool) -> None:
+        if not first:  # the first step holds the process's one-time costs
+            self.recent_s.append(step_s - stalled_s)
 
-    def sleep(self, so_far_s: float) -> float:
-        """Sleep this step's share; the seconds slept. `so_far_s`: the step's time to now, the reference
-        until a whole step has been timed."""
+    def stall(self, so_far_s: float) -> float:
+        """Wait this step's share from when the last rank arrived; the seconds waited from then.
+        `so_far_s`: the step's time to now, the reference until a whole step has been timed."""
         reference_s = statistics.median(self.recent_s) if self.recent_s else so_far_s
-        self.owed_s += self.fraction * reference_s
-        started = time.perf_counter()
-        if self.owed_s > 0.0:
-            time.sleep(self.owed_s)
-        slept_s = time.perf_counter() - started
-        self.owed_s -= slept_s
-        return slept_s
+        target_s = self.fraction * reference_s + self.owed_s
+        # time.monotonic is the host's one clock (CLOCK_MONOTONIC), so the ranks' readings compare.
+        arrived = torch.tensor([time.monotonic()], dtype=torch.float64)
+        if self.distributed:
+            dist.all_reduce(arrived, op=dist.ReduceOp.MAX)
+        last_arrival = float(arrived.item())
+        remaining_s = last_arrival + target_s - time.monotonic()
+        if remaining_s > 0.0:
+            time.sleep(remaining_s)
+        stalled_s = time.monotonic() - last_arrival
+        self.owed_s = target_s - stalled_s
+        return stalled_s
 
 
 def main() -> None:
@@ -97,19 +107,23 @@ def main() -> None:
     )
     parser.add_argument(
         "--slowdown-by",
-        choices=("burn", "sleep"),
+        choices=("burn", "stall"),
         default="burn",
-        help="compute after the optimizer, or a sleep every rank takes after backward (on the wall clock)",
+        help="compute after the optimizer, or a wait all ranks take together after backward (wall clock)",
     )
     args = parser.parse_args()
-    if args.slowdown_by == "sleep" and args.slowdown_clock != "wall":
-        parser.error("--slowdown-by sleep is a share of the step's wall time: leave out --slowdown-clock")
+    if args.slowdown_by == "stall" and args.slowdown_clock != "wall":
+        parser.error("--slowdown-by stall is a share of the step's wall time: leave out --slowdown-clock")
     clock = CLOCKS[args.slowdown_clock]
-    stall = SharedStall(args.slowdown) if args.slowdown > 0.0 and args.slowdown_by == "sleep" else None
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    stall = (
+        SharedStall(args.slowdown, distributed)
+        if args.slowdown > 0.0 and args.slowdown_by == "stall"
+        else None
+    )
     burn = args.slowdown if args.slowdown_by == "burn" else 0.0
     torch.set_num_threads(1)  # one core a process: the 2-rank DDP run fills the 2-core runner
     torch.manual_seed(0)
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:
         dist.init_process_group("gloo")
     layers: list[torch.nn.Module] = []
@@ -130,12 +144,12 @@ def main() -> None:
     # flagged peak memory beside the step time.
     torch.mm(scratch, scratch)
     with tuneup.track(batch_size=BATCH, model=model, tags={"workload": "ab-trials"}) as run:
-        wall_started, slept_s = time.perf_counter(), 0.0
+        wall_started, stalled_s = time.perf_counter(), 0.0
         for index in range(args.steps):
             started = clock()
             if stall is not None and index > 0:
                 now = time.perf_counter()
-                stall.end_step(now - wall_started, slept_s, first=index == 1)
+                stall.end_step(now - wall_started, stalled_s, first=index == 1)
                 wall_started = now
             with run.phase("forward"):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -143,7 +157,7 @@ def main() -> None:
                 loss.backward()
             with run.phase("optimizer"):
                 if stall is not None:
-                    slept_s = stall.sleep(time.perf_counter() - wall_started)
+                    stalled_s = stall.stall(time.perf_counter() - wall_started)
                 with torch.no_grad():
                     for p in parameters:
                         p.add_(p.grad, alpha=-0.01)
