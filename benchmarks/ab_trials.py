@@ -53,10 +53,12 @@ COMMIT = subprocess.run(
 
 
 def workload_command(
-    workload: str, steps: int, slowdown: float, clock: str = "wall", by: str = "burn"
+    workload: str, steps: int, slowdown: float, clock: str = "wall", by: str = "burn", pin: bool = False
 ) -> str:
     script = shlex.quote(str(HERE / "ab_workload.py"))
     tail = f"{script} --steps {steps} --slowdown {slowdown:g}"
+    if pin:
+        tail += " --pin-rank"
     if clock != "wall":  # the earlier trials' commands, unchanged where the clock is the wall's
         tail += f" --slowdown-clock {clock}"
     if slowdown > 0.0 and by != "burn":  # and where the slowdown is a burn
@@ -131,8 +133,10 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
     report.unlink(missing_ok=True)
     bench_args = [
         "--ab",
-        "--baseline-cmd", workload_command(args.workload, args.steps, 0.0),
-        "--cmd", workload_command(args.workload, args.steps, slowdown, args.slowdown_clock, args.slowdown_by),
+        "--baseline-cmd", workload_command(args.workload, args.steps, 0.0, pin=args.pin_ranks),
+        "--cmd", workload_command(
+            args.workload, args.steps, slowdown, args.slowdown_clock, args.slowdown_by, args.pin_ranks
+        ),
         "--calibration", str(calibration),
         "--max-minutes", f"{args.max_minutes:g}",
         "--min-detectable", f"{args.min_detectable:g}",
@@ -159,6 +163,7 @@ def run_trial(args: argparse.Namespace, index: int, kind: str, calibration: Path
         "side_by_side": args.side_by_side,
         "slowdown_clock": args.slowdown_clock,
         "slowdown_by": args.slowdown_by,
+        "pin_ranks": args.pin_ranks,
         "kind": kind,
         "trial": index,
         "injected": slowdown,
@@ -235,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         default="burn",
         help="ab_workload.py's: compute, or a stall the ranks share (what lands as --slowdown on a DDP step)",
     )
+    parser.add_argument(
+        "--pin-ranks", action="store_true", help="ab_workload.py --pin-rank on both sides: a rank a CPU"
+    )
     parser.add_argument("--min-detectable", type=float, default=0.05)
     parser.add_argument("--max-minutes", type=float, default=10.0, help="each trial's CI time")
     parser.add_argument("--calibration-blocks", type=int, default=10)
@@ -256,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         calibration = args.out / "calibration.json"
         if not calibration.is_file():
-            command = workload_command(args.workload, args.steps, 0.0)
+            command = workload_command(args.workload, args.steps, 0.0, pin=args.pin_ranks)
             # One look: an A/A that settles NO CHANGE early would stop short of the blocks asked for (the
             # DDP side-by-side calibration of 12-04 stopped at 7 of 10).
             code, seconds = tuneup_bench(

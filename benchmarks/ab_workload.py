@@ -111,7 +111,15 @@ def main() -> None:
         default="burn",
         help="compute after the optimizer, or a wait all ranks take together after backward (wall clock)",
     )
+    parser.add_argument(
+        "--pin-rank",
+        action="store_true",
+        help="each rank on its own CPU of those it may use (its local rank's), its threads with it",
+    )
     args = parser.parse_args()
+    if args.pin_rank:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(os.environ.get("LOCAL_RANK", "0")) % len(cpus)]})
     if args.slowdown_by == "stall" and args.slowdown_clock != "wall":
         parser.error("--slowdown-by stall is a share of the step's wall time: leave out --slowdown-clock")
     clock = CLOCKS[args.slowdown_clock]
