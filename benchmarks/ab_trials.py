@@ -9,7 +9,7 @@ torchrun, gloo). First one A/A calibration (`--calibration-blocks` blocks, the s
 sides), whose --json every trial then plans from, as a CI job would reuse a nightly calibration. Each
 trial is one `tuneup bench --ab` as a CI job runs it (its own process, `--max-minutes`, its own seed):
 - `slow`: the candidate's step made `--slowdown` (5%) slower, with compute or (`--slowdown-by stall`) a
-  stall the ranks share, which is what lands as 5% of a DDP step side by side (ab_workload.py says how);
+  wait the ranks share (ab_workload.py says how, and where each lands as 5% of the step);
 - `aa`: the same command on both sides;
 - `aa-burner`: A/A while a process burns one CPU for half of the trial (the first half on even trials,
   the second on odd), as another job on a shared runner would.
@@ -23,7 +23,8 @@ table is printed from that file (`--table-only` prints it again).
 `--side-by-side` runs each block's A and B at once, each pinned to half of the CPUs. With `ddp` on a
 2-core runner a run's 2 ranks then share one core: not how DDP runs in production, but a relative check of
 the same program on both sides (a 10-block A/A pilot on 12-04: sd 0.031 of the block log ratio at 28 s a
-block, against 0.045 at 38 s one after another, the same hour).
+block, against 0.045 at 38 s one after another, the same hour). `--pin-ranks` keeps the runs one after
+another and puts each rank on a CPU of its own (12-04 late: sd 0.027 at 28 s a block, 0.063 unpinned).
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "--slowdown-by",
         choices=("burn", "stall"),
         default="burn",
-        help="ab_workload.py's: compute, or a stall the ranks share (what lands as --slowdown on a DDP step)",
+        help="ab_workload.py's: compute, or a wait the ranks share after backward",
     )
     parser.add_argument(
         "--pin-ranks", action="store_true", help="ab_workload.py --pin-rank on both sides: a rank a CPU"

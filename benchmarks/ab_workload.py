@@ -4,24 +4,24 @@ with `tuneup.track`, one process or 2-rank DDP under torchrun (gloo), with an op
     python benchmarks/ab_workload.py [--steps 80] [--slowdown 0.05]
     torchrun --nproc-per-node 2 benchmarks/ab_workload.py --slowdown 0.05
 
-`--slowdown F` makes each step slower by F of its own time, with compute: after the optimizer, the step
-multiplies small matrices until F x (the step's time so far) has passed on `--slowdown-clock`: `wall`;
-`cpu`, the process's CPU time (all its threads: gloo's and tuneup's sampler too); `thread`, the main
-thread's CPU time, the step's own work. The three agree where a process has a core to itself. They part
-where the 2 ranks of a DDP run share one core (`ab_trials.py --side-by-side`): a rank's wall step then
-holds the other rank's work, and the two ranks' burns take turns, so the wall clock's 5% measured +12.8%
-(12-04, one trial); the CPU clock's added 6.6-7.2% of the baseline's step in the optimizer phase (7
-trials); the thread clock's added 5.4-6.7% (9 trials), and 5.2% and 5.5% of the compute workload's step.
-With the DDP ranks on one core that is not what the step feels: part of the burn fills time a rank
-would have waited for its partner, and the steps grew by 0-6% (12-04 night, 8 trials).
-`--slowdown-by stall` lands F on the step itself: right after backward the ranks tell each other when
-they got there (an all-reduce of the time: its latency is part of the stall), and each sleeps until
-F x the step's time without the stall (the median of the last 9 steps) after the later one arrived, so
-that the whole step waits that long, on one core or two. It stands for a wait the ranks share (a slower
-collective, a host sync), where the burn stands for more compute; what a stall over- or undershoots is
-owed to the next one. A plain sleep on each rank after backward (60cf6e7, 2 trials) measured +4.4% and
-+1.4%: the rank that left backward first slept while the other still worked, so only the overlap of the
-two sleeps was added.
+`--slowdown F` makes each step slower by F of its own time, by default with compute (`--slowdown-by
+burn`): after the optimizer, the step multiplies small matrices until F x (the step's time so far) has
+passed on `--slowdown-clock`: `wall`; `cpu`, the process's CPU time (all its threads: gloo's and
+tuneup's sampler too); `thread`, the main thread's CPU time, the step's own work. The three agree where
+a process has a core to itself, and there the wall clock's burn lands where it runs: 5.2-5.5% of the
+compute step side by side, 5.1% of the DDP step one after another with `--pin-rank` (12-04).
+Where the 2 ranks of a DDP run share one core (`ab_trials.py --side-by-side`) no injection tried lands
+as F on the step: a rank's wall step holds the other rank's work, so the wall clock's 5% measured
++12.8% (one trial); the CPU clock's added 6.6-7.2% of the step in the optimizer phase (7 trials); the
+thread clock's 5.4-6.7%, but part of it filled time a rank would have waited for its partner, and the
+steps grew by 0-6% (9 trials). `--slowdown-by stall`, a wait the ranks share (a slower collective, a
+host sync): right after backward the ranks tell each other when they got there (an all-reduce of the
+time) and each sleeps until F x the step's time without the stall (the median of the last 9 steps)
+after the later one arrived; what a stall over- or undershoots is owed to the next. Side by side the
+steps grew by 3.9-4.6% in 6 of 7 trials and 1.5% in one; one after another (a core a rank), 6.0%
+(one trial). A plain sleep on each rank (60cf6e7) added only the overlap of the two ranks' sleeps.
+`--pin-rank` puts each rank, and the threads it starts, on one CPU of those it may use (its local
+rank's): one after another, the DDP blocks then varied by sd 0.027 where unpinned ones varied by 0.063.
 Tried and dropped: fixed work, 5% of the step's FLOPs as more rows of the first layer, which added 6.4%
 of the compute step (a small matmul costs more a FLOP) and would add less than 5% to the DDP step, of
 whose ~52 ms the two ranks' compute (~15 ms each, as the compute workload's step) is about 30 ms.
@@ -117,7 +117,7 @@ def main() -> None:
         help="each rank on its own CPU of those it may use (its local rank's), its threads with it",
     )
     args = parser.parse_args()
-    if args.pin_rank:
+    if args.pin_rank:  # before any thread starts: the threads started later (gloo's, tuneup's) inherit it
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[int(os.environ.get("LOCAL_RANK", "0")) % len(cpus)]})
     if args.slowdown_by == "stall" and args.slowdown_clock != "wall":
