@@ -9,7 +9,7 @@ burn`): after the optimizer, the step multiplies small matrices until F x (the s
 passed on `--slowdown-clock`: `wall`; `cpu`, the process's CPU time (all its threads: gloo's and
 tuneup's sampler too); `thread`, the main thread's CPU time, the step's own work. The three agree where
 a process has a core to itself, and there the wall clock's burn lands where it runs: 5.2-5.5% of the
-compute step side by side, 5.1% of the DDP step one after another with `--pin-rank` (12-04).
+compute step side by side, 5.0-5.2% of the DDP step one after another with `--pin-rank` (12-04, 5 trials).
 Where the 2 ranks of a DDP run share one core (`ab_trials.py --side-by-side`) no injection tried lands
 as F on the step: a rank's wall step holds the other rank's work, so the wall clock's 5% measured
 +12.8% (one trial); the CPU clock's added 6.6-7.2% of the step in the optimizer phase (7 trials); the
@@ -18,7 +18,7 @@ steps grew by 0-6% (9 trials). `--slowdown-by stall`, a wait the ranks share (a 
 host sync): right after backward the ranks tell each other when they got there (an all-reduce of the
 time) and each sleeps until F x the step's time without the stall (the median of the last 9 steps)
 after the later one arrived; what a stall over- or undershoots is owed to the next. Side by side the
-steps grew by 3.9-4.6% in 6 of 7 trials and 1.5% in one; one after another (a core a rank), 6.0%
+steps grew by 3.9-4.7% in 6 of 7 trials and 1.6% in one; one after another (a core a rank), 6.0%
 (one trial). A plain sleep on each rank (60cf6e7) added only the overlap of the two ranks' sleeps.
 `--pin-rank` puts each rank, and the threads it starts, on one CPU of those it may use (its local
 rank's): one after another, the DDP blocks then varied by sd 0.027 where unpinned ones varied by 0.063.
@@ -72,14 +72,21 @@ class SharedStall:
         self.distributed = distributed
         self.recent_s: deque[float] = deque(maxlen=9)  # the last steps' times without their stall
         self.owed_s = 0.0  # what the stalls so far fell short of (negative: overshot)
+        self.steps_begun = 0
+        self.step_started_s = 0.0  # time.perf_counter at the step's start
+        self.stalled_s = 0.0  # the step's stall so far
 
-    def end_step(self, step_s: float, stalled_s: float, first: bool) -> None:
-        if not first:  # the first step holds the process's one-time costs
-            self.recent_s.append(step_s - stalled_s)
+    def begin_step(self) -> None:
+        now = time.perf_counter()
+        if self.steps_begun >= 2:  # the first step holds the process's one-time costs
+            self.recent_s.append(now - self.step_started_s - self.stalled_s)
+        self.steps_begun += 1
+        self.step_started_s, self.stalled_s = now, 0.0
 
-    def stall(self, so_far_s: float) -> float:
-        """Wait this step's share from when the last rank arrived; the seconds waited from then.
-        `so_far_s`: the step's time to now, the reference until a whole step has been timed."""
+    def stall(self) -> None:
+        """Wait this step's share from when the last rank arrived. The step's time to now is the
+        reference until a whole step has been timed."""
+        so_far_s = time.perf_counter() - self.step_started_s
         reference_s = statistics.median(self.recent_s) if self.recent_s else so_far_s
         target_s = self.fraction * reference_s + self.owed_s
         # time.monotonic is the host's one clock (CLOCK_MONOTONIC), so the ranks' readings compare.
@@ -90,9 +97,8 @@ class SharedStall:
         remaining_s = last_arrival + target_s - time.monotonic()
         if remaining_s > 0.0:
             time.sleep(remaining_s)
-        stalled_s = time.monotonic() - last_arrival
-        self.owed_s = target_s - stalled_s
-        return stalled_s
+        self.stalled_s = time.monotonic() - last_arrival
+        self.owed_s = target_s - self.stalled_s
 
 
 def main() -> None:
@@ -152,20 +158,17 @@ def main() -> None:
     # flagged peak memory beside the step time.
     torch.mm(scratch, scratch)
     with tuneup.track(batch_size=BATCH, model=model, tags={"workload": "ab-trials"}) as run:
-        wall_started, stalled_s = time.perf_counter(), 0.0
-        for index in range(args.steps):
+        for _ in range(args.steps):
             started = clock()
-            if stall is not None and index > 0:
-                now = time.perf_counter()
-                stall.end_step(now - wall_started, stalled_s, first=index == 1)
-                wall_started = now
+            if stall is not None:
+                stall.begin_step()
             with run.phase("forward"):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
             with run.phase("backward"):
                 loss.backward()
             with run.phase("optimizer"):
                 if stall is not None:
-                    stalled_s = stall.stall(time.perf_counter() - wall_started)
+                    stall.stall()
                 with torch.no_grad():
                     for p in parameters:
                         p.add_(p.grad, alpha=-0.01)

@@ -1,6 +1,6 @@
 #!/bin/bash
-# The DDP side-by-side trials with the slowdown as a stall both ranks share (`--slowdown-by stall`, which
-# lands as 5% of the step): slowdowns here, the A/A trials (whose commands the injection does not change)
+# The DDP side-by-side trials with the slowdown as a stall both ranks share (`--slowdown-by stall`, meant to
+# land as 5% of the step; it landed as 1.6-4.7%, benchmarks/README.md): slowdowns here, the A/A trials (whose commands the injection does not change)
 # continued in ../side-by-side-cpu-clock-cal10 to 20 of each, the kinds taken in turn so that the runner's
 # drift hits them alike; both plan from the same 10-block calibration (copied here).
 # From the repository root (a worktree at a fixed commit, so that edits do not reach running trials):
